@@ -1,0 +1,12 @@
+"""Model configurations, memory arithmetic, the decoder and its checkpoints."""
+
+from .config import SUPPORTED_MODEL_TYPES, ModelConfig
+from .memory import (MemoryBudget, dtype_bytes, kv_bytes, kv_bytes_per_token, memory_budget,
+                     param_count, weight_bytes)
+from .presets import get_preset, preset_names
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES", "ModelConfig", "MemoryBudget", "dtype_bytes", "kv_bytes",
+    "kv_bytes_per_token", "memory_budget", "param_count", "weight_bytes", "get_preset",
+    "preset_names",
+]
