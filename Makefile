@@ -1,0 +1,40 @@
+# Build and test entry points. README: `make book` and `make test`.
+# Works from a fresh clone: the first target that needs the venv creates it.
+
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+# Profile the labs use while the book executes them (ci: 2-core CPU, small workloads).
+BOOK_PROFILE ?= ci
+
+.DEFAULT_GOAL := book
+.PHONY: book test student sync clean venv
+
+venv: $(VENV)/.installed
+
+# The stamp is rebuilt when the pinned requirements or the package metadata change.
+# pip is not upgraded: the venv's own pip installs the pinned set.
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -r requirements.txt
+	$(BIN)/pip install -e . --no-deps
+	touch $@
+
+book: export AI_EVOLUTION_PROFILE = $(BOOK_PROFILE)
+book: $(VENV)/.installed
+	$(BIN)/jupyter-book build --all -W -n --keep-going .
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q
+
+student: $(VENV)/.installed
+	$(BIN)/python scripts/make_student.py
+
+# One-way update: the MyST .md is the source, the paired .ipynb follows it (keeps cell ids).
+sync: $(VENV)/.installed
+	$(BIN)/jupytext --to ipynb --update labs/*/notebook_solution.md
+
+# Removes the build output (including the execution cache); keeps the venv.
+clean:
+	rm -rf _build
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

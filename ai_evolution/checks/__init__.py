@@ -1,0 +1,59 @@
+"""Self-checks: a student's function against the library's reference, case by case.
+
+Every check runs seeded cases and stops at the first one that fails, naming it with the
+expected and the obtained value, in Spanish (students read these). The same checks serve the
+student notebooks (``raise_on_fail=True``: the notebook stops there) and the autograder
+(``raise_on_fail=False``: the result is recorded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class CheckFailed(AssertionError):
+    """A self-check found a case where the student's function disagrees with the reference."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    passed: bool
+    cases: int
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def passed(name: str, cases: int, detail: str = "") -> CheckResult:
+    msg = f"✔ {name}: correcto en {cases} casos." + (f" {detail}" if detail else "")
+    return CheckResult(name, True, cases, msg)
+
+
+def failed(name: str, case_index: int, case: str, problem: str, hint: str = "") -> CheckResult:
+    msg = f"✘ {name}: falla el caso {case_index + 1} ({case}). {problem}"
+    if hint:
+        msg += f" Pista: {hint}"
+    return CheckResult(name, False, case_index + 1, msg)
+
+
+def finish(result: CheckResult, raise_on_fail: bool) -> CheckResult:
+    """Print the verdict; raise CheckFailed on failure when asked (notebooks stop there)."""
+    if not result.passed and raise_on_fail:
+        raise CheckFailed(result.message)
+    print(result.message)
+    return result
+
+
+def call_student(name: str, fn, *args, **kwargs):
+    """Call the student's function; turn a crash into a failed check that names the exception.
+
+    NotImplementedError passes through untouched: its message is the exercise's hint.
+    """
+    try:
+        return fn(*args, **kwargs), None
+    except NotImplementedError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any crash of student code is a finding
+        return None, f"su función lanzó {type(err).__name__}: {err}"

@@ -1,0 +1,87 @@
+"""The evidence contract every lab returns, its JSON Schema, and how to compare two runs.
+
+A contract is a plain JSON-able dict::
+
+    {"schema_version": 1, "kind": "kv_cache", "seed": 0, "profile": "ci", "params": {...},
+     "environment": {...}, "results": {...},
+     "evidence": [{"statement": "...", "value": 131072, "unit": "B", "source": "computed"}],
+     "limitations": ["..."], "volatile_fields": ["results.timing"]}
+
+``volatile_fields`` lists the dotted paths whose values may change from run to run with the same
+seed: wall-clock timings and floating-point round-off that depends on the machine's kernels.
+Evidence items that rest on such a value carry ``"volatile": true``. Everything else must be
+identical for one seed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+
+class ContractError(ValueError):
+    """A contract does not satisfy the schema."""
+
+
+@lru_cache(maxsize=1)
+def contract_schema() -> dict:
+    return json.loads(resources.files(__package__).joinpath("contract.schema.json").read_text())
+
+
+def validate_contract(contract: dict) -> dict:
+    """Raise ContractError naming the first problem, else return the contract unchanged."""
+    try:
+        jsonschema.validate(contract, contract_schema())
+    except jsonschema.ValidationError as err:
+        where = "/".join(str(p) for p in err.absolute_path) or "(raíz)"
+        raise ContractError(f"el contrato no cumple el esquema en {where}: {err.message}") from None
+    _check_json_numbers(contract, "")
+    for path in contract["volatile_fields"]:
+        try:
+            _get_path(contract, path)
+        except KeyError as err:
+            raise ContractError(str(err.args[0])) from None
+    return contract
+
+
+def _check_json_numbers(value: Any, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ContractError(f"valor no finito ({value}) en {where or '(raíz)'}: JSON no lo admite")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_json_numbers(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_json_numbers(v, f"{where}[{i}]")
+
+
+def _get_path(obj: dict, path: str) -> Any:
+    cur: Any = obj
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            raise KeyError(f"volatile field {path!r} does not exist in the contract")
+        cur = cur[part]
+    return cur
+
+
+def without_volatile(contract: dict) -> dict:
+    """A copy without the volatile fields and evidence (for run-to-run comparison)."""
+    out = copy.deepcopy(contract)
+    for path in contract.get("volatile_fields", []):
+        *parents, last = path.split(".")
+        cur = out
+        for part in parents:
+            cur = cur[part]
+        cur.pop(last, None)
+    out["evidence"] = [e for e in out.get("evidence", []) if not e.get("volatile", False)]
+    return out
+
+
+def to_json(contract: dict, indent: int = 2) -> str:
+    return json.dumps(contract, indent=indent, ensure_ascii=False, sort_keys=False)

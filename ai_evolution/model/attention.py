@@ -1,0 +1,126 @@
+"""Attention with and without a KV cache, and the contiguous cache itself.
+
+``cached_attention`` is the reference for one attention step over a KV cache; its signature is
+``AttentionFn``, so any function with the same contract (a student's, a paged one) can be passed
+to ``Transformer.forward(..., attn_fn=...)`` and run inside the real model.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .config import ModelConfig
+
+AttentionFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+"""``attn_fn(q, k_new, v_new, k_cache, v_cache, positions) -> out``: the contract of
+``cached_attention`` (read its docstring for the shapes and the exact semantics)."""
+
+
+class ContiguousKVCache:
+    """One preallocated K and V buffer per layer, with ``max_len`` slots per sequence.
+
+    Row ``b`` of the batch owns slots ``[b, :, 0:max_len]``; the token at absolute position ``p``
+    of that sequence lives in slot ``p``. Memory is reserved for ``max_len`` tokens per row up
+    front, whether or not they are ever used: that waste is what paged caches remove.
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        self.config = config
+        self.batch_size = batch_size
+        self.max_len = max_len
+        shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
+
+    def layer(self, i: int) -> tuple[Tensor, Tensor]:
+        """Views ``(k, v)`` of layer ``i``, each ``[B, Hkv, max_len, D]``; writes go to the cache."""
+        if not 0 <= i < self.k.shape[0]:
+            raise IndexError(f"layer {i} out of range; the cache has layers 0..{self.k.shape[0] - 1}")
+        return self.k[i], self.v[i]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+
+def cached_attention(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor,
+                     positions: Tensor) -> Tensor:
+    """One attention step over a KV cache: store the new keys/values, then attend to the past.
+
+    Shapes (B batch rows, T new tokens per row, H query heads, Hkv KV heads, D head_dim,
+    S cache slots per row):
+
+    - ``q``: ``[B, H, T, D]``, queries of the new tokens, RoPE already applied.
+    - ``k_new``, ``v_new``: ``[B, Hkv, T, D]``, keys (RoPE applied) and values of the new tokens.
+    - ``k_cache``, ``v_cache``: ``[B, Hkv, S, D]``, this layer's cache, **modified in place**.
+    - ``positions``: integer ``[B, T]``; ``positions[b, t]`` is the absolute position of new token
+      ``t`` in sequence ``b`` (rows may be at different positions). Positions within a row must
+      be distinct and ``< S``.
+
+    What it does:
+
+    1. Write: ``k_cache[b, :, positions[b, t], :] = k_new[b, :, t, :]`` for every ``b, t``
+       (the same for ``v``), i.e. a scatter along dim 2. Slots not named in ``positions`` keep
+       what they held.
+    2. Read: the query of token ``t`` of row ``b``, at position ``p = positions[b, t]``, attends
+       to the cache slots ``0..p`` of row ``b`` only (mask ``key_pos <= query_pos``): it sees
+       itself and everything before it, never a later position and never another row. Slots
+       past ``positions.max()`` are not even read.
+    3. Grouped-query attention: query head ``h`` uses KV head ``h // (H // Hkv)``.
+       Scores are ``q . k / sqrt(D)``, softmax over the visible keys, weighted sum of values.
+
+    Returns ``[B, H, T, D]``, in the order of ``q``.
+
+    The caller guarantees the slots ``0..p`` of each row hold that row's earlier tokens (written
+    by previous calls); what sits in later slots (stale data, padding) is masked out.
+    """
+    B, H, T, D = q.shape
+    S = k_cache.shape[2]
+    if positions.shape != (B, T):
+        raise ValueError(f"positions has shape {tuple(positions.shape)}; expected (B, T) = {(B, T)}")
+    if H % k_cache.shape[1]:
+        raise ValueError(f"{H} query heads cannot be grouped over {k_cache.shape[1]} KV heads")
+    max_pos = int(positions.max())
+    if max_pos >= S:
+        raise ValueError(f"position {max_pos} does not fit in a KV cache of length {S} "
+                         f"(valid positions: 0..{S - 1})")
+    min_pos = int(positions.min())
+    if min_pos < 0:
+        raise ValueError(f"position {min_pos} is negative; valid positions: 0..{S - 1}")
+
+    index = positions[:, None, :, None].expand(B, k_new.shape[1], T, D)  # [B, Hkv, T, D]
+    k_cache.scatter_(2, index, k_new.to(k_cache.dtype))
+    v_cache.scatter_(2, index, v_new.to(v_cache.dtype))
+
+    L = max_pos + 1
+    key_pos = torch.arange(L, device=q.device)                          # [L]
+    mask = key_pos[None, None, :] <= positions[:, :, None]             # [B, T, L]
+    return F.scaled_dot_product_attention(
+        q, k_cache[:, :, :L], v_cache[:, :, :L], attn_mask=mask[:, None], enable_gqa=True,
+    )                                                                   # [B, H, T, D]
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Causal self-attention over the T tokens given, no cache.
+
+    ``q``: ``[B, H, T, D]``; ``k``, ``v``: ``[B, Hkv, T, D]``. Token ``t`` sees tokens ``0..t``
+    of its own row. Returns ``[B, H, T, D]``.
+    """
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)

@@ -1,0 +1,214 @@
+"""Build a ``Transformer`` with random weights, or load/save Hugging Face safetensors checkpoints.
+
+A checkpoint folder holds ``config.json`` and either ``model.safetensors`` or shards
+``model-0000i-of-0000n.safetensors`` listed in ``model.safetensors.index.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import ModelConfig
+from .decoder import Transformer
+from .presets import SHIPPED_MODELS
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Buffers some exporters store although they are recomputed from the config.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder exists but its content does not match the model it describes."""
+
+
+def shipped_model_dir(name: str) -> Path:
+    """Folder of a model shipped inside the package (``ai_evolution/model/shipped/<name>``)."""
+    if name not in SHIPPED_MODELS:
+        raise KeyError(f"unknown shipped model {name!r}; shipped models: {', '.join(SHIPPED_MODELS)}")
+    folder = Path(__file__).parent / "shipped" / name
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"shipped model {name!r} should be in {folder}, which does not exist; "
+            "reinstall ai_evolution or regenerate the shipped weights"
+        )
+    return folder
+
+
+def _empty_model(config: ModelConfig, device: str | torch.device) -> Transformer:
+    # Build on the meta device so no memory is written twice (default init, then ours).
+    with torch.device("meta"):
+        model = Transformer(config)
+    model = model.to_empty(device=device)
+    model.tie_weights()  # to_empty from meta allocates new parameters, which unties them
+    return model
+
+
+def random_model(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu", init_std: float = 0.02) -> Transformer:
+    """A ``Transformer`` with seeded random weights (eval mode).
+
+    Norm weights are ones; every other parameter (embeddings, linear weights and biases) is drawn
+    from N(0, init_std^2). Values are drawn on the CPU in float32 in parameter order, so one seed
+    gives the same weights on every device and dtype.
+    """
+    model = _empty_model(config, device)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.empty(p.shape).normal_(0.0, init_std, generator=gen))
+    return model.to(dtype).eval()
+
+
+def _resolve(name_or_path: str | Path) -> Path:
+    if isinstance(name_or_path, str) and name_or_path in SHIPPED_MODELS:
+        return shipped_model_dir(name_or_path)
+    folder = Path(name_or_path)
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"checkpoint folder {folder} does not exist; pass a folder with config.json and "
+            f"*.safetensors, or a shipped model name: {', '.join(SHIPPED_MODELS)}"
+        )
+    return folder
+
+
+def _listing(folder: Path) -> str:
+    names = sorted(p.name for p in folder.iterdir())
+    return ", ".join(names) if names else "(empty folder)"
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint, the index's shards first if there is an index."""
+    index = folder / INDEX_FILE
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"cannot read the shard index {index}: {e!r}") from e
+        files = [folder / f for f in dict.fromkeys(weight_map.values())]
+        for f in files:
+            if not f.exists():
+                raise FileNotFoundError(f"{index} lists shard {f.name}, which is not in {folder}; "
+                                        f"found: {_listing(folder)}")
+        return files
+    if (folder / SINGLE_FILE).exists():
+        return [folder / SINGLE_FILE]
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    hint = " (PyTorch .bin checkpoints are not supported; convert them to safetensors)" \
+        if any(folder.glob("*.bin")) else ""
+    raise FileNotFoundError(f"no weights in {folder}: expected {SINGLE_FILE} or {INDEX_FILE} with "
+                            f"its shards; found: {_listing(folder)}{hint}")
+
+
+def _read_tensors(files: list[Path], expected: dict[str, torch.Size], optional: set[str],
+                  dtype: torch.dtype, device: str | torch.device) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as reader:
+                for name in reader.keys():
+                    if name.endswith(_IGNORED_SUFFIXES):
+                        continue
+                    if name not in expected:
+                        raise CheckpointError(
+                            f"unexpected tensor {name!r} in {f}: this {len(expected)}-tensor model "
+                            "has no parameter with that name (is config.json from another model?)"
+                        )
+                    shape = tuple(reader.get_slice(name).get_shape())
+                    if shape != tuple(expected[name]):
+                        raise CheckpointError(
+                            f"tensor {name!r} in {f} has shape {list(shape)}; the model built from "
+                            f"config.json expects {list(expected[name])}"
+                        )
+                    state[name] = reader.get_tensor(name).to(device=device, dtype=dtype)
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors raises its own error types for corrupt files
+            raise CheckpointError(f"cannot read safetensors file {f}: {e}") from e
+    missing = [n for n in expected if n not in state and n not in optional]
+    if missing:
+        searched = ", ".join(f.name for f in files)
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"tensor {missing[0]!r}{more} is missing from the checkpoint; "
+                              f"searched: {searched} in {files[0].parent}")
+    return state
+
+
+def load_pretrained(name_or_path: str | Path, dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu") -> Transformer:
+    """Load a shipped model (``"tiny-es"``) or a Hugging Face checkpoint folder (eval mode)."""
+    folder = _resolve(name_or_path)
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{config_path} not found; found: {_listing(folder)}")
+    try:
+        config = ModelConfig.from_hf_config(config_path)
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{config_path}: {e}") from e
+    files = _weight_files(folder)
+
+    model = _empty_model(config, device)
+    expected = {n: t.shape for n, t in model.state_dict().items()}
+    optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    state = _read_tensors(files, expected, optional, dtype, device)
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()
+    return model.eval()
+
+
+def save_pretrained(model: Transformer, folder: str | Path, max_shard_bytes: int | None = None) -> Path:
+    """Write ``config.json`` and safetensors weights that both ``load_pretrained`` and
+    ``transformers.AutoModelForCausalLM.from_pretrained`` read.
+
+    With ``max_shard_bytes``, weights that do not fit in one file of that size are split into
+    ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``. Weight files
+    already in ``folder`` (``model*.safetensors`` and the index) are replaced.
+    """
+    if max_shard_bytes is not None and max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes must be a positive number of bytes or None, got {max_shard_bytes}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    state = {n: t.detach().to("cpu").contiguous() for n, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        del state["lm_head.weight"]  # the same tensor as the embedding; safetensors refuses aliases
+    dtype = next(iter(state.values())).dtype
+
+    hf = config.to_hf_config()
+    hf["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+
+    for old in [*folder.glob("model*.safetensors"), folder / INDEX_FILE]:
+        old.unlink(missing_ok=True)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        if max_shard_bytes is not None and shards[-1] and size + t.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += t.nbytes
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / SINGLE_FILE), metadata=metadata)
+        return folder
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / fname), metadata=metadata)
+        weight_map.update(dict.fromkeys(shard, fname))
+    index = {"metadata": {"total_size": sum(t.nbytes for t in state.values())}, "weight_map": weight_map}
+    (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return folder
