@@ -1,0 +1,134 @@
+"""The KV-cache self-checks accept the reference and reject plausible mistakes, naming them."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ai_evolution.checks import CheckFailed
+from ai_evolution.checks import kv_cache as checks
+from ai_evolution.model import dtype_bytes, kv_bytes_per_token, weight_bytes
+from ai_evolution.model.attention import cached_attention
+from ai_evolution.timing import fit_growth
+
+
+def _fails(check, fn, *match, **kwargs):
+    result = check(fn, raise_on_fail=False, **kwargs)
+    assert not result.passed
+    for m in match:
+        assert m in result.message, result.message
+    return result
+
+
+def test_kv_bytes_check_accepts_reference():
+    assert checks.check_kv_bytes_per_token(kv_bytes_per_token, raise_on_fail=False).passed
+
+
+def test_kv_bytes_check_names_missing_factor_two():
+    fn = lambda c, d: c.num_layers * c.num_kv_heads * c.head_dim * dtype_bytes(d)  # noqa: E731
+    _fails(checks.check_kv_bytes_per_token, fn, "falla el caso 1", "K y V")
+
+
+def test_kv_bytes_check_names_query_heads_instead_of_kv_heads():
+    fn = lambda c, d: 2 * c.num_layers * c.num_heads * c.head_dim * dtype_bytes(d)  # noqa: E731
+    _fails(checks.check_kv_bytes_per_token, fn, "llama-3.1-8b", "num_kv_heads")
+
+
+def test_kv_bytes_check_names_bits_instead_of_bytes():
+    fn = lambda c, d: 8 * kv_bytes_per_token(c, d)  # noqa: E731
+    _fails(checks.check_kv_bytes_per_token, fn, "bits")
+
+
+def test_failed_check_raises_in_notebooks():
+    with pytest.raises(CheckFailed, match="se esperaban"):
+        checks.check_kv_bytes_per_token(lambda c, d: 0)
+
+
+def test_unimplemented_exercise_propagates_its_hint():
+    def stub(c, d):
+        raise NotImplementedError("Ejercicio sin resolver. Pista")
+    with pytest.raises(NotImplementedError, match="Pista"):
+        checks.check_kv_bytes_per_token(stub)
+
+
+def test_crashing_student_function_is_reported_not_raised():
+    result = checks.check_kv_bytes_per_token(lambda c, d: 1 / 0, raise_on_fail=False)
+    assert "ZeroDivisionError" in result.message
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    from ai_evolution.model import ModelConfig
+    from ai_evolution.model.checkpoint import random_model
+    cfg = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                      intermediate_size=128, vocab_size=96, name="prueba")
+    return random_model(cfg, seed=0)
+
+
+def test_attention_check_accepts_reference(small_model):
+    assert checks.check_cached_attention(cached_attention, model=small_model,
+                                         raise_on_fail=False).passed
+
+
+def _no_mask(q, k_new, v_new, k_cache, v_cache, positions):
+    b, hkv, t, d = k_new.shape
+    idx = positions[:, None, :, None].expand(b, hkv, t, d)
+    k_cache.scatter_(2, idx, k_new)
+    v_cache.scatter_(2, idx, v_new)
+    s = int(positions.max()) + 1
+    k = k_cache[:, :, :s].repeat_interleave(q.shape[1] // hkv, 1)
+    v = v_cache[:, :, :s].repeat_interleave(q.shape[1] // hkv, 1)
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1) @ v
+
+
+def test_attention_check_rejects_attending_to_future_positions(small_model):
+    _fails(checks.check_cached_attention, _no_mask, "la salida difiere", model=small_model)
+
+
+def test_attention_check_rejects_a_cache_that_is_not_written(small_model):
+    def forgets_cache(q, k_new, v_new, k_cache, v_cache, positions):
+        return cached_attention(q, k_new, v_new, k_cache.clone(), v_cache.clone(), positions)
+    _fails(checks.check_cached_attention, forgets_cache, "caché quedó mal escrita",
+           model=small_model)
+
+
+def test_attention_check_rejects_off_by_one_cache_index(small_model):
+    def off_by_one(q, k_new, v_new, k_cache, v_cache, positions):
+        return cached_attention(q, k_new, v_new, k_cache, v_cache, positions + 1)
+    _fails(checks.check_cached_attention, off_by_one, "caché quedó mal escrita", model=small_model)
+
+
+def test_fit_check_accepts_reference_and_rejects_reversed_coefficients():
+    assert checks.check_fit_growth(fit_growth, raise_on_fail=False).passed
+
+    def reversed_fit(n, t):
+        c2, c1, c0 = np.polyfit(n, t, 2)[::-1]
+        return {"c0": c0, "c1": c1, "c2": c2, "quadratic_share": 0.0}
+    _fails(checks.check_fit_growth, reversed_fit, "c2")
+
+
+def test_budget_check_accepts_reference_and_rejects_rounding_up():
+    assert checks.check_sequences_that_fit(checks.reference_sequences_that_fit,
+                                           raise_on_fail=False).passed
+
+    def rounds_up(cfg, mem, ctx, util, dtype):
+        free = mem * util - weight_bytes(cfg, dtype)
+        return max(0, math.ceil(free / (kv_bytes_per_token(cfg, dtype) * ctx)))
+    _fails(checks.check_sequences_that_fit, rounds_up, "redondee hacia abajo")
+
+
+def test_budget_check_rejects_ignoring_the_weights():
+    def no_weights(cfg, mem, ctx, util, dtype):
+        return int(mem * util // (kv_bytes_per_token(cfg, dtype) * ctx))
+    _fails(checks.check_sequences_that_fit, no_weights, "se esperaban")
+
+
+def test_extension_check_requires_four_keys_and_a_number():
+    good = {"assumption": "La caché crece lineal.", "measurement": {"bytes": 10},
+            "conclusion": "Coincide con la fórmula.", "limitation": "Solo un tamaño medido."}
+    assert checks.check_student_extension(good, raise_on_fail=False).passed
+    assert "'limitation'" in checks.check_student_extension(
+        {**good, "limitation": ""}, raise_on_fail=False).message
+    assert "ningún número" in checks.check_student_extension(
+        {**good, "measurement": {"bytes": "diez"}}, raise_on_fail=False).message

@@ -1,0 +1,113 @@
+"""Lab notebooks: the solution runs under `ci` and passes nbval; the student copy is current,
+stops at its first exercise with a Spanish hint, and points Colab at the configured repository."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import papermill
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_student  # noqa: E402
+
+SOLUTIONS = sorted((ROOT / "labs").glob("*/notebook_solution.md"))
+IDS = [p.parent.name for p in SOLUTIONS]
+
+
+def test_every_lab_has_a_solution_notebook():
+    assert SOLUTIONS, "no labs/*/notebook_solution.md found"
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=IDS)
+def test_committed_student_notebook_is_up_to_date(solution):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/make_student.py"), "--check",
+                           str(solution)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=IDS)
+def test_paired_ipynb_matches_its_myst_source(solution):
+    source = jupytext.read(solution)
+    paired = nbformat.read(solution.with_suffix(".ipynb"), as_version=4)
+    assert [(c.cell_type, c.source) for c in source.cells] == \
+        [(c.cell_type, c.source) for c in paired.cells], "run `make sync`"
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=IDS)
+def test_notebook_starts_with_colab_install_and_parameters(solution):
+    url = make_student.repository_url()
+    code = [c for c in jupytext.read(solution).cells if c.cell_type == "code"]
+    assert f"git+{url}" in code[0].source and make_student.INSTALL_MARKER in code[0].source
+    assert "parameters" in code[1].metadata.get("tags", [])
+    assert "seed =" in code[1].source and "profile = None" in code[1].source
+
+
+def test_strip_solution_keeps_indentation_and_hint():
+    src = "def f(x):\n    # BEGIN SOLUTION\n    # PISTA: sume uno.\n    return x + 1\n    # END SOLUTION\n"
+    out, found = make_student.strip_solution(src, "prueba")
+    assert found
+    assert out == 'def f(x):\n    raise NotImplementedError("Ejercicio sin resolver. sume uno.")\n'
+
+
+@pytest.mark.parametrize("src", ["# BEGIN SOLUTION\n# PISTA: x\nx = 1\n",
+                                 "x = 1\n# END SOLUTION\n",
+                                 "# BEGIN SOLUTION\nx = 1\n# END SOLUTION\n"])
+def test_malformed_solution_markup_is_rejected(src):
+    with pytest.raises(make_student.SolutionMarkupError):
+        make_student.strip_solution(src, "prueba")
+
+
+def test_install_line_follows_the_configured_url():
+    line = '    %pip install -q "git+https://example.org/old/repo" # colab-install'
+    assert make_student.install_source(line, "https://github.com/a/b") == \
+        '    %pip install -q "git+https://github.com/a/b" # colab-install'
+
+
+def _execute(nb_path: Path, out: Path, **parameters) -> None:
+    papermill.execute_notebook(str(nb_path), str(out), parameters=parameters, cwd=str(nb_path.parent),
+                               kernel_name="python3", progress_bar=False)
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=IDS)
+def test_solution_runs_under_ci_and_its_checked_outputs_are_reproducible(solution, tmp_path):
+    out = tmp_path / "executed.ipynb"
+    _execute(solution.with_suffix(".ipynb"), out, seed=0, profile="ci")
+    executed = nbformat.read(out, as_version=4)
+    assert executed.metadata.papermill.parameters == {"seed": 0, "profile": "ci"}
+    text = "\n".join(o.get("text", "") for c in executed.cells if c.cell_type == "code"
+                     for o in c.outputs)
+    assert "✘" not in text and text.count("✔") >= 4
+    # nbval re-executes the notebook and compares the cells tagged nbval-check-output.
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--nbval-lax", "--nbval-current-env", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(os.environ, AI_EVOLUTION_PROFILE="ci"))
+    assert proc.returncode == 0, proc.stdout[-4000:]
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=IDS)
+def test_student_notebook_stops_at_first_exercise_with_spanish_hint(solution, tmp_path):
+    student = make_student.student_path(solution)
+    nb = nbformat.read(student, as_version=4)
+    first_exercise = next(i for i, c in enumerate(nb.cells)
+                          if "exercise" in c.metadata.get("tags", []))
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        _execute(student, tmp_path / "student.ipynb", seed=0, profile="ci")
+    assert err.value.ename == "NotImplementedError"
+    assert "Ejercicio sin resolver" in err.value.evalue and "PISTA" not in err.value.evalue
+    executed = nbformat.read(tmp_path / "student.ipynb", as_version=4)
+    failed = next(i for i, c in enumerate(executed.cells)
+                  if any(o.get("output_type") == "error" for o in c.get("outputs", [])))
+    # papermill inserts one cell (the injected parameters); the first exercise only defines its
+    # function, so the error comes from the very next cell, the one that checks it.
+    assert failed - 1 == first_exercise + 1, (failed, first_exercise)
+    stub = nb.cells[first_exercise].source
+    hint = stub.split('raise NotImplementedError("')[1].split('")')[0]
+    assert hint == err.value.evalue
