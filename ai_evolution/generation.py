@@ -184,7 +184,7 @@ def _pick(logits: Tensor, temperature: float, top_k: int | None, top_p: float | 
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
         # Drop a token once the more likely ones already reach top_p; the first always stays.
-        drop = probs.cumsum(dim=-1) - probs >= 10
+        drop = probs.cumsum(dim=-1) - probs >= top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     probs = logits.softmax(dim=-1)
