@@ -10,3 +10,9 @@ __all__ = [
     "kv_bytes_per_token", "memory_budget", "param_count", "weight_bytes", "get_preset",
     "preset_names",
 ]
+
+# The decoder and its checkpoints (imported last: checkpoint.py imports the modules above).
+from .checkpoint import CheckpointError, load_pretrained, random_model, save_pretrained  # noqa: E402
+from .decoder import Transformer  # noqa: E402
+
+__all__ += ["CheckpointError", "load_pretrained", "random_model", "save_pretrained", "Transformer"]
