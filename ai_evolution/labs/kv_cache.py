@@ -47,7 +47,7 @@ def cached_vs_uncached_logits(model, prompt: list[int], n_steps: int) -> float:
             pos = torch.tensor([[t]], device=device)
             steps.append(model(seq[:, t : t + 1], positions=pos, kv_cache=cache)[0, -1])
     cached = torch.stack(steps)
-    return float((cached - full[len(prompt) - 1 :]).abs().max())
+    return float((cached - full[len(prompt) - 1 : -1]).abs().max())
 
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
@@ -59,13 +59,15 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     variants = {f"{h} cabezas KV": kv_bytes_per_token(llama2.replace(num_kv_heads=h), "fp16")
                 for h in (32, 8, 1)}
     # Chapter's worked example 1: a 24 GB GPU and a "7B" model in fp16 estimated as 14 GB.
-    ex24 = memory_budget(llama2, 24e9, max_len=4096, typical_len=512, dtype="fp16",
-                         weights_bytes=14e9)
-    ex24_gqa = memory_budget(llama2.replace(num_kv_heads=8), 24e9, max_len=4096, typical_len=512,
-                             dtype="fp16", weights_bytes=14e9)
+    gpu24, nominal_7b = 24e9, 7e9 * 2  # "7B parameters x 2 bytes"
+    ex24 = memory_budget(llama2, gpu24, max_len=4096, typical_len=512, dtype="fp16",
+                         weights_bytes=nominal_7b)
+    ex24_gqa = memory_budget(llama2.replace(num_kv_heads=8), gpu24, max_len=4096, typical_len=512,
+                             dtype="fp16", weights_bytes=nominal_7b)
     # Worked example 2: an H100 (~85.5 GB usable) at 0.92 utilization serving Llama-3.1-8B.
-    ex_h100 = memory_budget(get_preset("llama-3.1-8b"), 85.5e9, max_len=4096, utilization=0.92,
-                            dtype="bf16")
+    h100_bytes, h100_util = 85.5e9, 0.92
+    ex_h100 = memory_budget(get_preset("llama-3.1-8b"), h100_bytes, max_len=4096,
+                            utilization=h100_util, dtype="bf16")
     worked = {
         "gpu24_7b_fp16": {"kv_bytes_per_token": ex24.kv_bytes_per_token,
                           "kv_bytes_4096": kv_bytes(llama2, 4096, dtype="fp16"),
@@ -81,6 +83,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     model = load_timing_model(params["model"], seed, device)
     cfg = model.config
     model_dtype = next(model.parameters()).dtype
+    dtype_name = str(model_dtype).removeprefix("torch.")
     max_len = params["prompt_len"] + params["max_new_tokens"]
     cache = ContiguousKVCache(cfg, params["batch_size"], max_len, dtype=model_dtype, device=device)
     allocated = int(cache.nbytes)
@@ -112,7 +115,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         "kv_bytes_per_token": per_token,
         "mha_gqa_mqa_llama2_fp16": variants,
         "worked_examples": worked,
-        "model": {"name": cfg.name, "parameters": param_count(cfg), "dtype": str(model_dtype),
+        "model": {"name": cfg.name, "parameters": param_count(cfg), "dtype": dtype_name,
                   "kv_bytes_per_token": kv_bytes_per_token(cfg, model_dtype),
                   "cache_bytes_predicted": predicted, "cache_bytes_allocated": allocated},
         "exactness": {"prompts": len(prompts), "tokens_per_prompt": n_check,
@@ -126,9 +129,11 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
                    "fit_total_cached": fit_c, "fit_total_uncached": fit_u},
     }
     h100 = worked["h100_llama31_8b_bf16"]
+    l31 = get_preset("llama-3.1-8b")
     evidence = [
         _ev(f"Llama-3.1-8B guarda {es_bytes(per_token['llama-3.1-8b'])} de caché KV por token en "
-            f"{dtype} (2 × 32 capas × 8 cabezas KV × 128 × bytes).", per_token["llama-3.1-8b"], "B"),
+            f"{dtype} (2 × {l31.num_layers} capas × {l31.num_kv_heads} cabezas KV × "
+            f"{l31.head_dim} × bytes por elemento).", per_token["llama-3.1-8b"], "B"),
         _ev(f"Llama-2-7B en fp16 guarda {es_bytes(variants['32 cabezas KV'])} por token, y "
             f"{es_bytes(worked['gpu24_7b_fp16']['kv_bytes_4096'])} para 4096 tokens.",
             worked["gpu24_7b_fp16"]["kv_bytes_4096"], "B"),
@@ -136,15 +141,16 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
             f"{es_bytes(variants['32 cabezas KV'])} a {es_bytes(variants['8 cabezas KV'])}; con "
             f"1 (MQA), a {es_bytes(variants['1 cabezas KV'])}.",
             variants["32 cabezas KV"] / variants["8 cabezas KV"], "x"),
-        _ev(f"En una GPU de 24 GB con un modelo 7B en fp16 (14 GB de pesos) caben "
+        _ev(f"En una GPU de {es(gpu24 / 1e9, 0)} GB con un modelo 7B en fp16 "
+            f"({es(nominal_7b / 1e9, 0)} GB de pesos) caben "
             f"{ex24.static_slots} ranuras contiguas de 4096 tokens, pero "
             f"{ex24.on_demand_sequences} secuencias de 512 tokens asignadas bajo demanda "
             f"({ex24_gqa.on_demand_sequences} con 8 cabezas KV).", ex24.on_demand_sequences, "secuencias"),
-        _ev(f"En una H100 (85,5 GB × 0,92) Llama-3.1-8B en bf16 deja "
+        _ev(f"En una H100 ({es(h100_bytes / 1e9, 1)} GB × {es(h100_util)}) Llama-3.1-8B en bf16 deja "
             f"{es_bytes(h100['kv_budget_bytes'])} para la caché: {h100['static_slots_4096']} "
             f"peticiones de 4096 tokens.", h100["static_slots_4096"], "peticiones"),
         _ev(f"La caché asignada para {cfg.name} ({params['batch_size']} secuencias × {max_len} "
-            f"tokens, {model_dtype}) ocupa {allocated} bytes, "
+            f"tokens, {dtype_name}) ocupa {allocated} bytes, "
             f"igual a la predicción de la fórmula ({predicted:.0f}).",
             allocated, "B", source="measured"),
         _ev(f"Con y sin caché, la decodificación voraz produce "
@@ -170,10 +176,10 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         "El presupuesto de memoria ignora activaciones, buffers del framework y fragmentación; la "
         "memoria utilizable y la fracción de utilización son supuestos de entrada.",
         "La igualdad de tokens con y sin caché se comprobó en decodificación voraz y en "
-        f"{model_dtype}; en fp16/bf16 un empate casi exacto de logits puede cambiar un token.",
+        f"{dtype_name}; en fp16/bf16 un empate casi exacto de logits puede cambiar un token.",
     ]
     return {
-        "environment": {"model": cfg.name, "dtype": str(model_dtype)},
+        "environment": {"model": cfg.name, "dtype": dtype_name},
         "results": results,
         "evidence": evidence,
         "limitations": limitations,
