@@ -4,6 +4,17 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import FuncFormatter
+
+from .fmt import es
+
+# Tick labels with a decimal comma, as the book's prose writes numbers.
+_COMMA = FuncFormatter(lambda x, _pos: f"{x:g}".replace(".", ","))
+
+
+def decimal_comma(ax) -> None:
+    ax.xaxis.set_major_formatter(_COMMA)
+    ax.yaxis.set_major_formatter(_COMMA)
 
 
 def step_times_figure(step_ms_cached, step_ms_uncached, prompt_len: int, model_name: str):
@@ -23,6 +34,8 @@ def step_times_figure(step_ms_cached, step_ms_uncached, prompt_len: int, model_n
     ax2.set(xlabel="tokens generados", ylabel="tiempo total (s)",
             title="Tiempo acumulado de generación")
     ax2.legend()
+    decimal_comma(ax1)
+    decimal_comma(ax2)
     fig.suptitle(f"Modelo {model_name}, prompt de {prompt_len} tokens")
     fig.tight_layout()
     return fig
@@ -35,10 +48,11 @@ def kv_bytes_figure(bytes_per_token: dict[str, float], context_len: int, dtype: 
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.2))
     ax.barh(names, gb, color="tab:purple")
     for y, v in enumerate(gb):
-        ax.text(v, y, f" {v:.3g}".replace(".", ","), va="center")
+        ax.text(v, y, " " + es(v, 2), va="center")
     ax.set(xlabel=f"caché KV de una secuencia de {context_len} tokens (GB, {dtype})",
            title="Bytes de caché KV por secuencia")
     ax.invert_yaxis()
+    ax.xaxis.set_major_formatter(_COMMA)
     ax.set_xlim(0, gb.max() * 1.25)
     fig.tight_layout()
     return fig

@@ -15,7 +15,8 @@ import torch
 
 from ..fmt import es, es_bytes
 from ..generation import generate
-from ..model import get_preset, kv_bytes, kv_bytes_per_token, memory_budget, param_count
+from ..model import (MemoryBudget, dtype_bytes, get_preset, kv_bytes, kv_bytes_per_token,
+                     memory_budget, param_count)
 from ..model.attention import ContiguousKVCache
 from ..model.checkpoint import load_pretrained, random_model
 from ..timing import fit_growth, step_times
@@ -24,6 +25,24 @@ from .registry import LabSpec, Param
 ARITHMETIC_PRESETS = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.3",
                       "qwen3-0.6b", "smollm2-135m")
 TIMING_MODELS = ("tiny-es", "smollm2-135m", "cpu-200m")
+
+
+def worked_examples() -> dict[str, MemoryBudget]:
+    """The chapter's worked memory budgets; the chapter and the lab both read them from here."""
+    llama2, llama31 = get_preset("llama-2-7b"), get_preset("llama-3.1-8b")
+    gpu24 = 24e9                      # a 24 GB consumer GPU
+    nominal_7b = 7e9 * dtype_bytes("fp16")  # the back-of-the-envelope "7B x 2 bytes"
+    h100, h100_utilization = 85.5e9, 0.92   # memory the runtime sees; fraction the engine takes
+    return {
+        "gpu24_7b": memory_budget(llama2, gpu24, max_len=4096, typical_len=512, dtype="fp16",
+                                  weights_bytes=nominal_7b),
+        "gpu24_7b_8kv": memory_budget(llama2.replace(num_kv_heads=8), gpu24, max_len=4096,
+                                      typical_len=512, dtype="fp16", weights_bytes=nominal_7b),
+        "gpu24_7b_exact": memory_budget(llama2, gpu24, max_len=4096, typical_len=512,
+                                        dtype="fp16"),
+        "h100_llama31_8b": memory_budget(llama31, h100, max_len=4096,
+                                         utilization=h100_utilization, dtype="bf16"),
+    }
 
 
 def load_timing_model(name: str, seed: int, device: torch.device):
@@ -58,23 +77,16 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     llama2 = get_preset("llama-2-7b")
     variants = {f"{h} cabezas KV": kv_bytes_per_token(llama2.replace(num_kv_heads=h), "fp16")
                 for h in (32, 8, 1)}
-    # Chapter's worked example 1: a 24 GB GPU and a "7B" model in fp16 estimated as 14 GB.
-    gpu24, nominal_7b = 24e9, 7e9 * 2  # "7B parameters x 2 bytes"
-    ex24 = memory_budget(llama2, gpu24, max_len=4096, typical_len=512, dtype="fp16",
-                         weights_bytes=nominal_7b)
-    ex24_gqa = memory_budget(llama2.replace(num_kv_heads=8), gpu24, max_len=4096, typical_len=512,
-                             dtype="fp16", weights_bytes=nominal_7b)
-    # Worked example 2: an H100 (~85.5 GB usable) at 0.92 utilization serving Llama-3.1-8B.
-    h100_bytes, h100_util = 85.5e9, 0.92
-    ex_h100 = memory_budget(get_preset("llama-3.1-8b"), h100_bytes, max_len=4096,
-                            utilization=h100_util, dtype="bf16")
+    ex = worked_examples()
+    ex24, ex24_gqa, ex_h100 = ex["gpu24_7b"], ex["gpu24_7b_8kv"], ex["h100_llama31_8b"]
     worked = {
         "gpu24_7b_fp16": {"kv_bytes_per_token": ex24.kv_bytes_per_token,
                           "kv_bytes_4096": kv_bytes(llama2, 4096, dtype="fp16"),
                           "kv_budget_bytes": ex24.kv_budget_bytes,
                           "static_slots_4096": ex24.static_slots,
                           "on_demand_512": ex24.on_demand_sequences,
-                          "on_demand_512_8kv": ex24_gqa.on_demand_sequences},
+                          "on_demand_512_8kv": ex24_gqa.on_demand_sequences,
+                          "exact_weights_on_demand_512": ex["gpu24_7b_exact"].on_demand_sequences},
         "h100_llama31_8b_bf16": {"weight_bytes": ex_h100.weight_bytes,
                                  "kv_budget_bytes": ex_h100.kv_budget_bytes,
                                  "static_slots_4096": ex_h100.static_slots},
@@ -141,12 +153,13 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
             f"{es_bytes(variants['32 cabezas KV'])} a {es_bytes(variants['8 cabezas KV'])}; con "
             f"1 (MQA), a {es_bytes(variants['1 cabezas KV'])}.",
             variants["32 cabezas KV"] / variants["8 cabezas KV"], "x"),
-        _ev(f"En una GPU de {es(gpu24 / 1e9, 0)} GB con un modelo 7B en fp16 "
-            f"({es(nominal_7b / 1e9, 0)} GB de pesos) caben "
+        _ev(f"En una GPU de {es(ex24.gpu_memory_bytes / 1e9, 0)} GB con un modelo 7B en fp16 "
+            f"({es(ex24.weight_bytes / 1e9, 0)} GB de pesos) caben "
             f"{ex24.static_slots} ranuras contiguas de 4096 tokens, pero "
             f"{ex24.on_demand_sequences} secuencias de 512 tokens asignadas bajo demanda "
             f"({ex24_gqa.on_demand_sequences} con 8 cabezas KV).", ex24.on_demand_sequences, "secuencias"),
-        _ev(f"En una H100 ({es(h100_bytes / 1e9, 1)} GB × {es(h100_util)}) Llama-3.1-8B en bf16 deja "
+        _ev(f"En una H100 ({es(ex_h100.gpu_memory_bytes / 1e9, 1)} GB × "
+            f"{es(ex_h100.utilization)}) Llama-3.1-8B en bf16 deja "
             f"{es_bytes(h100['kv_budget_bytes'])} para la caché: {h100['static_slots_4096']} "
             f"peticiones de 4096 tokens.", h100["static_slots_4096"], "peticiones"),
         _ev(f"La caché asignada para {cfg.name} ({params['batch_size']} secuencias × {max_len} "
