@@ -94,6 +94,17 @@ def test_book_builds_in_spanish_with_colab_links_and_no_cdn(tmp_path):
         expected = _colab_url(config, f"{lab}.ipynb")
         assert expected in text, f"no Colab launch link {expected} in {lab}.html"
 
+    # Colab cannot open a .md: pages without a paired .ipynb (the chapters) get no launch link.
+    for page in pages:
+        if not (ROOT / f"{page}.ipynb").is_file():
+            text = (html / f"{page}.html").read_text(encoding="utf-8")
+            assert "colab.research.google.com" not in text, f"{page}.html has a Colab link to a .md"
+
+    # Glued values must be pasted, not left as roles, and every page must be free of errors.
+    for page in pages:
+        text = (html / f"{page}.html").read_text(encoding="utf-8")
+        assert "{glue" not in text and "NotImplementedError" not in text, page
+
     for page in sorted(html.rglob("*.html")):
         text = page.read_text(encoding="utf-8")
         rel = page.relative_to(html)
