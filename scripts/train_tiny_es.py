@@ -1,0 +1,391 @@
+#!/usr/bin/env python
+"""Train ``tiny-es``, the small Spanish model shipped with ai_evolution, from ``data/corpus/``.
+
+Steps:
+  1. Read ``data/corpus/*.txt`` (sorted by name) and hash it.
+  2. Train a byte-level BPE tokenizer (special tokens ``<s>``, ``</s>``, ``<pad>``).
+  3. Tokenize each file as ``<s> text </s>``; the last ``--val-fraction`` of every file's tokens
+     is held out for validation, the rest is concatenated into one training stream.
+  4. Train a Llama-family decoder (GQA, tied embeddings) with AdamW, linear warm-up and cosine
+     decay, on windows drawn from the training stream in a seeded order (optional residual
+     dropout, off by default).
+  5. Save ``config.json`` + ``model.safetensors`` (``--save-dtype``), ``tokenizer.json`` and
+     ``training.json`` (corpus hashes, hyperparameters, losses, timings, versions).
+
+Same seed + same corpus + same machine + same thread count -> the same weights, bit for bit.
+
+    python scripts/train_tiny_es.py                 # the shipped run
+    python scripts/train_tiny_es.py --steps 40 --out /tmp/tiny-es-trial   # a quick trial
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# The tokenizer trainer is multi-threaded; one thread keeps it deterministic and polite.
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import tokenizers  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: E402
+
+from ai_evolution.model import ModelConfig  # noqa: E402
+from ai_evolution.model.checkpoint import load_pretrained, random_model, save_pretrained  # noqa: E402
+from ai_evolution.model.tokenizer import (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN,  # noqa: E402
+                                          Tokenizer)
+
+DEFAULT_CORPUS = REPO / "data" / "corpus"
+DEFAULT_OUT = REPO / "ai_evolution" / "model" / "shipped" / "tiny-es"
+SAMPLE_PROMPTS = ("La caché KV", "El prefill", "Un modelo de lenguaje")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="folder with the *.txt corpus")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: the shipped model)")
+    p.add_argument("--steps", type=int, default=1300, help="optimizer steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (part of reproducibility)")
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=512, help="training window, tokens")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a fraction of the peak")
+    p.add_argument("--warmup", type=int, default=60, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="training-only dropout on each attention and MLP output (residual dropout)")
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--val-fraction", type=float, default=0.05, help="tail of each file held out")
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--intermediate", type=int, default=704)
+    p.add_argument("--max-positions", type=int, default=512)
+    p.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default="float16")
+    return p.parse_args(argv)
+
+
+# --- corpus --------------------------------------------------------------------------------------
+def read_corpus(folder: Path) -> tuple[list[tuple[str, str]], dict]:
+    files = sorted(folder.glob("*.txt"))
+    if not files:
+        raise FileNotFoundError(f"no *.txt files in {folder}")
+    docs, entries = [], []
+    whole = hashlib.sha256()
+    for f in files:
+        raw = f.read_bytes()
+        text = raw.decode("utf-8")
+        docs.append((f.name, text))
+        entries.append({"file": f.name, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()})
+        whole.update(f.name.encode() + b"\0" + raw + b"\0")
+    info = {
+        "path": str(folder.relative_to(REPO)) if folder.is_relative_to(REPO) else str(folder),
+        "sha256": whole.hexdigest(),
+        "sha256_recipe": "sha256 over sorted files of name + NUL + bytes + NUL",
+        "num_files": len(files),
+        "bytes": sum(e["bytes"] for e in entries),
+        "characters": sum(len(t) for _, t in docs),
+        "files": entries,
+    }
+    return docs, info
+
+
+# --- tokenizer -----------------------------------------------------------------------------------
+def train_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[BOS_TOKEN, EOS_TOKEN, PAD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return Tokenizer(tok)
+
+
+def split_tokens(tok: Tokenizer, docs: list[tuple[str, str]], val_fraction: float):
+    """Each document becomes ``<s> ids </s>``; its last ``val_fraction`` goes to validation."""
+    train, val = [], []
+    for _, text in docs:
+        ids = [tok.bos_token_id] + tok.encode(text) + [tok.eos_token_id]
+        n_val = max(1, int(round(len(ids) * val_fraction)))
+        train.extend(ids[:-n_val])
+        val.append(ids[-n_val:])
+    return torch.tensor(train, dtype=torch.long), [torch.tensor(v, dtype=torch.long) for v in val]
+
+
+# --- training ------------------------------------------------------------------------------------
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    """Linear warm-up to ``lr``, then cosine decay to ``lr * min_lr_ratio`` at the last step."""
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return args.lr * (args.min_lr_ratio + (1.0 - args.min_lr_ratio) * cosine)
+
+
+def lm_loss(model, ids: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy (nats/token) of ``ids`` ``[B, T+1]``."""
+    logits = model(ids[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def eval_loss(model, chunks: list[torch.Tensor], seq_len: int) -> float:
+    """Token-weighted mean loss over ``chunks``, each cut into windows of at most seq_len+1."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for ids in chunks:
+        for start in range(0, len(ids) - 1, seq_len):
+            window = ids[start:start + seq_len + 1]
+            if len(window) < 2:
+                continue
+            n = len(window) - 1
+            total += lm_loss(model, window[None]).item() * n
+            count += n
+    model.train(was_training)
+    return total / count
+
+
+@torch.no_grad()
+def greedy(model, ids: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
+    """Plain greedy continuation without a cache (slow but dependency-free), for the samples."""
+    out = list(ids)
+    limit = model.config.max_position_embeddings
+    for _ in range(max_new_tokens):
+        logits = model(torch.tensor([out[-limit:]]))[0, -1]
+        nxt = int(torch.argmax(logits))
+        if eos is not None and nxt == eos:
+            break
+        out.append(nxt)
+    return out[len(ids):]
+
+
+def add_residual_dropout(model, p: float) -> list:
+    """Dropout on every attention and MLP block output before it joins the residual stream.
+
+    The decoder has no dropout of its own; forward hooks add it for training only (they are
+    inactive in eval mode and are removed before saving). Returns the hook handles.
+    """
+    if p <= 0:
+        return []
+
+    def hook(module, inputs, output):
+        return F.dropout(output, p=p, training=module.training)
+
+    handles = []
+    for layer in model.model.layers:
+        handles.append(layer.self_attn.register_forward_hook(hook))
+        handles.append(layer.mlp.register_forward_hook(hook))
+    return handles
+
+
+def set_determinism(seed: int, threads: int) -> None:
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set in this process
+        pass
+    torch.use_deterministic_algorithms(True)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    set_determinism(args.seed, args.threads)
+    t_start = time.perf_counter()
+
+    docs, corpus_info = read_corpus(args.corpus)
+    print(f"corpus: {corpus_info['num_files']} files, {corpus_info['bytes']:,} bytes, "
+          f"sha256 {corpus_info['sha256'][:16]}...", flush=True)
+
+    tok = train_tokenizer([t for _, t in docs], args.vocab_size)
+    for _, text in docs:  # byte-level BPE must round-trip the whole corpus
+        assert tok.decode(tok.encode(text)) == text
+    train_ids, val_chunks = split_tokens(tok, docs, args.val_fraction)
+    n_val = sum(len(v) for v in val_chunks)
+    print(f"tokenizer: vocab {tok.vocab_size}; tokens: {len(train_ids):,} train, {n_val:,} validation "
+          f"({corpus_info['bytes'] / (len(train_ids) + n_val):.2f} bytes/token)", flush=True)
+
+    config = ModelConfig(
+        name="tiny-es", model_type="llama",
+        num_layers=args.layers, hidden_size=args.hidden, num_heads=args.heads,
+        num_kv_heads=args.kv_heads, intermediate_size=args.intermediate, vocab_size=tok.vocab_size,
+        rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        max_position_embeddings=args.max_positions,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )
+    if args.seq_len > config.max_position_embeddings:
+        raise ValueError("--seq-len must not exceed --max-positions")
+    model = random_model(config, seed=args.seed).train()
+    dropout_hooks = add_residual_dropout(model, args.dropout)
+    n_params = model.num_parameters()
+    print(f"model: {config.num_layers} layers, hidden {config.hidden_size}, heads {config.num_heads} "
+          f"(kv {config.num_kv_heads}), mlp {config.intermediate_size}, {n_params:,} parameters", flush=True)
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+    )
+
+    # Deterministic data order: window starts drawn from a generator seeded with --seed.
+    data_gen = torch.Generator().manual_seed(args.seed)
+    max_start = len(train_ids) - (args.seq_len + 1)
+    if max_start <= 0:
+        raise ValueError("corpus too small for --seq-len")
+    train_probe = [train_ids[i:i + args.seq_len + 1]
+                   for i in torch.linspace(0, max_start, 16).long().tolist()]
+
+    history = []
+    t_train = time.perf_counter()
+    running = None
+    for step in range(args.steps):
+        lr = lr_at(step, args)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(0, max_start + 1, (args.batch_size,), generator=data_gen)
+        batch = torch.stack([train_ids[s:s + args.seq_len + 1] for s in starts.tolist()])
+        loss = lm_loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        opt.step()
+        running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
+        last = step == args.steps - 1
+        if (step + 1) % args.eval_every == 0 or last or step == 0:
+            val = eval_loss(model, val_chunks, args.seq_len)
+            probe = eval_loss(model, train_probe, args.seq_len)
+            elapsed = time.perf_counter() - t_train
+            history.append({"step": step + 1, "lr": lr, "train_batch_loss_ema": round(running, 4),
+                            "train_probe_loss": round(probe, 4), "val_loss": round(val, 4),
+                            "elapsed_s": round(elapsed, 1)})
+            print(f"step {step + 1:5d}/{args.steps}  lr {lr:.2e}  train {running:.3f}  "
+                  f"train(probe) {probe:.3f}  val {val:.3f} (ppl {math.exp(val):.1f})  "
+                  f"{elapsed:6.0f}s", flush=True)
+    train_seconds = time.perf_counter() - t_train
+
+    for handle in dropout_hooks:
+        handle.remove()
+    model.eval()
+    final_train = eval_loss(model, [train_ids], args.seq_len)
+    final_val = eval_loss(model, val_chunks, args.seq_len)
+
+    # Save: weights in --save-dtype, then reload as load_pretrained does (fp32) and re-measure.
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    save_dtype = getattr(torch, args.save_dtype)
+    save_pretrained(copy.deepcopy(model).to(save_dtype), out)
+    tok.backend.save(str(out / "tokenizer.json"))
+    shipped = load_pretrained(out)
+    shipped_train = eval_loss(shipped, [train_ids], args.seq_len)
+    shipped_val = eval_loss(shipped, val_chunks, args.seq_len)
+    weights = out / "model.safetensors"
+    st_bytes = weights.stat().st_size
+
+    samples = {}
+    for prompt in SAMPLE_PROMPTS:
+        ids = greedy(shipped, tok.encode(prompt, add_bos=True), 40, tok.eos_token_id)
+        samples[prompt] = prompt + tok.decode(ids)
+        print(f"sample: {samples[prompt]!r}", flush=True)
+
+    wall = time.perf_counter() - t_start
+    record = {
+        "model": "tiny-es",
+        "corpus": corpus_info,
+        "tokenizer": {
+            "type": "byte-level BPE (tokenizers)",
+            "vocab_size": tok.vocab_size,
+            "requested_vocab_size": args.vocab_size,
+            "min_frequency": 2,
+            "special_tokens": {BOS_TOKEN: tok.bos_token_id, EOS_TOKEN: tok.eos_token_id,
+                               PAD_TOKEN: tok.pad_token_id},
+            "tokens_train": len(train_ids),
+            "tokens_val": n_val,
+            "bytes_per_token": round(corpus_info["bytes"] / (len(train_ids) + n_val), 3),
+        },
+        "config": config.to_dict(),
+        "parameters": n_params,
+        "hyperparameters": {
+            "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
+            "tokens_per_step": args.batch_size * args.seq_len,
+            "tokens_seen": args.steps * args.batch_size * args.seq_len,
+            "epochs_over_train": round(args.steps * args.batch_size * args.seq_len / len(train_ids), 2),
+            "optimizer": "AdamW", "lr": args.lr, "betas": [0.9, 0.95], "eps": 1e-8,
+            "weight_decay": args.weight_decay, "weight_decay_on": "matrices only (dim >= 2)",
+            "schedule": "linear warm-up, then cosine decay",
+            "warmup_steps": args.warmup, "min_lr_ratio": args.min_lr_ratio,
+            "grad_clip": args.grad_clip, "dropout": args.dropout,
+            "dropout_where": "output of every attention and MLP block (training only)",
+            "val_fraction": args.val_fraction,
+            "val_split": "last val_fraction of the tokens of every file",
+            "init": "ai_evolution.model.checkpoint.random_model(config, seed), N(0, 0.02)",
+            "data_order": "window starts from torch.Generator().manual_seed(seed)",
+        },
+        "seed": args.seed,
+        "threads": args.threads,
+        "results": {
+            "final_train_loss": round(final_train, 4),
+            "final_train_perplexity": round(math.exp(final_train), 3),
+            "final_val_loss": round(final_val, 4),
+            "final_val_perplexity": round(math.exp(final_val), 3),
+            "shipped_weights_train_loss": round(shipped_train, 4),
+            "shipped_weights_val_loss": round(shipped_val, 4),
+            "shipped_weights_val_perplexity": round(math.exp(shipped_val), 3),
+            "uniform_loss": round(math.log(tok.vocab_size), 4),
+            "loss_unit": "nats/token (natural log), mean over all tokens of the split",
+            "history": history,
+            "greedy_samples": samples,
+        },
+        "weights": {
+            "file": weights.name,
+            "dtype": args.save_dtype,
+            "loads_as": "float32 (load_pretrained default)",
+            "safetensors_bytes": st_bytes,
+            "safetensors_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+        },
+        "timing": {"train_seconds": round(train_seconds, 1), "wall_seconds": round(wall, 1),
+                   "seconds_per_step": round(train_seconds / args.steps, 3)},
+        "environment": {
+            "torch": torch.__version__, "tokenizers": tokenizers.__version__,
+            "numpy": np.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        },
+        "command": "python scripts/train_tiny_es.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    (out / "training.json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    print(f"final: train {final_train:.4f} (ppl {math.exp(final_train):.2f})  val {final_val:.4f} "
+          f"(ppl {math.exp(final_val):.2f})  shipped-weights val {shipped_val:.4f}", flush=True)
+    print(f"saved {out} ({st_bytes / 1e6:.2f} MB safetensors, {args.save_dtype}); "
+          f"train {train_seconds:.0f}s, wall {wall:.0f}s", flush=True)
+    return record
+
+
+if __name__ == "__main__":
+    main()
