@@ -20,7 +20,7 @@ from ..model import (MemoryBudget, dtype_bytes, get_preset, kv_bytes, kv_bytes_p
 from ..model.attention import ContiguousKVCache
 from ..model.checkpoint import load_pretrained, random_model
 from ..timing import fit_growth, step_times
-from .registry import LabSpec, Param
+from .registry import LabParamError, LabSpec, Param
 
 ARITHMETIC_PRESETS = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.3",
                       "qwen3-0.6b", "smollm2-135m")
@@ -94,9 +94,14 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     # --- 2. the shipped (or chosen) model ------------------------------------------------------
     model = load_timing_model(params["model"], seed, device)
     cfg = model.config
+    max_len = params["prompt_len"] + params["max_new_tokens"]
+    if max_len > cfg.max_position_embeddings:
+        raise LabParamError(
+            f"prompt_len + max_new_tokens = {max_len} supera las {cfg.max_position_embeddings} "
+            f"posiciones del modelo {cfg.name}; reduzca max_new_tokens a "
+            f"{cfg.max_position_embeddings - params['prompt_len']} o menos")
     model_dtype = next(model.parameters()).dtype
     dtype_name = str(model_dtype).removeprefix("torch.")
-    max_len = params["prompt_len"] + params["max_new_tokens"]
     cache = ContiguousKVCache(cfg, params["batch_size"], max_len, dtype=model_dtype, device=device)
     allocated = int(cache.nbytes)
     del cache
