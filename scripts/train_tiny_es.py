@@ -45,6 +45,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: E402
 
+from ai_evolution.generation import generate  # noqa: E402
 from ai_evolution.model import ModelConfig  # noqa: E402
 from ai_evolution.model.checkpoint import load_pretrained, random_model, save_pretrained  # noqa: E402
 from ai_evolution.model.tokenizer import (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN,  # noqa: E402
@@ -168,20 +169,6 @@ def eval_loss(model, chunks: list[torch.Tensor], seq_len: int) -> float:
             count += n
     model.train(was_training)
     return total / count
-
-
-@torch.no_grad()
-def greedy(model, ids: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
-    """Plain greedy continuation without a cache (slow but dependency-free), for the samples."""
-    out = list(ids)
-    limit = model.config.max_position_embeddings
-    for _ in range(max_new_tokens):
-        logits = model(torch.tensor([out[-limit:]]))[0, -1]
-        nxt = int(torch.argmax(logits))
-        if eos is not None and nxt == eos:
-            break
-        out.append(nxt)
-    return out[len(ids):]
 
 
 def add_residual_dropout(model, p: float) -> list:
@@ -311,7 +298,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     samples = {}
     for prompt in SAMPLE_PROMPTS:
-        ids = greedy(shipped, tok.encode(prompt, add_bos=True), 40, tok.eos_token_id)
+        ids = generate(shipped, tok.encode(prompt, add_bos=True), 40, eos_token_id=tok.eos_token_id)[0]
+        ids = ids[:-1] if ids and ids[-1] == tok.eos_token_id else ids
         samples[prompt] = prompt + tok.decode(ids)
         print(f"sample: {samples[prompt]!r}", flush=True)
 

@@ -16,3 +16,6 @@ from .checkpoint import CheckpointError, load_pretrained, random_model, save_pre
 from .decoder import Transformer  # noqa: E402
 
 __all__ += ["CheckpointError", "load_pretrained", "random_model", "save_pretrained", "Transformer"]
+from .tokenizer import Tokenizer, load_tokenizer  # noqa: E402
+
+__all__ += ["Tokenizer", "load_tokenizer"]
