@@ -103,11 +103,11 @@ def test_student_notebook_stops_at_first_exercise_with_spanish_hint(solution, tm
     assert err.value.ename == "NotImplementedError"
     assert "Ejercicio sin resolver" in err.value.evalue and "PISTA" not in err.value.evalue
     executed = nbformat.read(tmp_path / "student.ipynb", as_version=4)
-    failed = next(i for i, c in enumerate(executed.cells)
+    failed = next(c for c in executed.cells
                   if any(o.get("output_type") == "error" for o in c.get("outputs", [])))
-    # papermill inserts one cell (the injected parameters); the first exercise only defines its
-    # function, so the error comes from the very next cell, the one that checks it.
-    assert failed - 1 == first_exercise + 1, (failed, first_exercise)
+    # The first exercise only defines its function, so the error comes from the very next cell,
+    # the one that checks it (papermill adds cells, so match by source, not by index).
+    assert failed.source == nb.cells[first_exercise + 1].source
     stub = nb.cells[first_exercise].source
     hint = stub.split('raise NotImplementedError("')[1].split('")')[0]
     assert hint == err.value.evalue
