@@ -18,7 +18,7 @@ def es(x: float, decimals: int = 2) -> str:
         intpart = intpart.replace(",", "")
     else:
         intpart = intpart.replace(",", _NBSP)
-    return intpart + ("," + frac if frac else "")
+    return (intpart + ("," + frac if frac else "")).replace("-", "\u2212")  # typographic minus
 
 
 def es_bytes(n: float, decimals: int = 2) -> str:
