@@ -14,9 +14,9 @@ venv: $(VENV)/.installed
 
 # The stamp is rebuilt when the pinned requirements or the package metadata change.
 # pip is not upgraded: the venv's own pip installs the pinned set.
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -r requirements.txt
+	$(BIN)/pip install -r requirements.txt -c constraints.txt
 	$(BIN)/pip install -e . --no-deps
 	touch $@
 
