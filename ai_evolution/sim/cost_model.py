@@ -1,0 +1,151 @@
+"""Roofline cost of one model step: bytes moved, FLOPs done, and the time they set.
+
+A step runs some sequences forward by a few tokens each: a decode adds 1 token, a prefill chunk
+adds many. Its cost on a machine with bandwidth ``BW`` (bytes/s) and peak ``P`` (FLOP/s) is
+
+    t = max(bytes / BW, flops / P) + overhead
+
+where *bytes* are the weights read once per step (shared by every sequence in the batch) plus each
+sequence's KV cache, and *flops* are 2 per matmul weight per token plus attention. ``overhead``
+is what a real engine adds on top (kernel launches, Python), fitted to a measured step.
+
+    weights read per step (untied embeddings)        weights read per step (tied)
+    +-------------------+--------------+             +-------------------------------+
+    | layers + lm_head  | 1 embed row  |             | layers + whole table (lm_head)|
+    +-------------------+--------------+             +-------------------------------+
+
+NOTE: the embedding table is gathered, not multiplied: a step reads one row per token, not the
+table, unless the table is tied to the lm_head, whose matmul reads all of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import torch
+
+from ..model import ModelConfig, dtype_bytes, kv_bytes_per_token, param_count
+
+
+def matmul_params(config: ModelConfig) -> int:
+    """Weights that take part in a matmul for every token: attention, MLP and lm_head."""
+    h, hd = config.hidden_size, config.head_dim
+    q, kv = config.num_heads * hd, config.num_kv_heads * hd
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
+    return config.num_layers * per_layer + config.vocab_size * h
+
+
+def weight_bytes_read(config: ModelConfig, dtype: str | torch.dtype = "bf16",
+                      num_tokens: int = 1) -> float:
+    """Weight bytes one step reads: every weight once, but only ``num_tokens`` embedding rows."""
+    b = dtype_bytes(dtype)
+    table = config.vocab_size * config.hidden_size
+    weights = param_count(config) - (0 if config.tie_word_embeddings else table)
+    return (weights + num_tokens * config.hidden_size) * b
+
+
+@dataclass(frozen=True)
+class StepCost:
+    flops: float
+    weight_bytes: float
+    kv_bytes: float
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def intensity(self) -> float:
+        """FLOP per byte moved."""
+        return self.flops / self.bytes
+
+
+def step_cost(config: ModelConfig, query_lens: Sequence[int], context_lens: Sequence[int],
+              dtype: str | torch.dtype = "bf16",
+              kv_dtype: str | torch.dtype | None = None) -> StepCost:
+    """Cost of one step that adds ``query_lens[i]`` tokens to sequence ``i``, which then holds
+    ``context_lens[i]`` tokens (so ``context_lens[i] >= query_lens[i]``).
+
+    Attention: each new token at position p scores against p+1 keys and mixes p+1 values, i.e.
+    4 x heads x head_dim x (p+1) FLOPs per layer. KV bytes: each sequence's whole cache read once.
+    """
+    if len(query_lens) != len(context_lens) or not query_lens:
+        raise ValueError("query_lens and context_lens must be non-empty and of the same length")
+    for q, c in zip(query_lens, context_lens):
+        if q < 1 or c < q:
+            raise ValueError(f"each step adds >= 1 token to a context that holds them: got q={q}, c={c}")
+    tokens = sum(query_lens)
+    attended = sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(query_lens, context_lens))
+    attn_flops = 4 * config.num_layers * config.num_heads * config.head_dim * attended
+    kv_b = kv_bytes_per_token(config, dtype if kv_dtype is None else kv_dtype) * sum(context_lens)
+    return StepCost(flops=2 * matmul_params(config) * tokens + attn_flops,
+                    weight_bytes=weight_bytes_read(config, dtype, tokens), kv_bytes=kv_b)
+
+
+def decode_step_cost(config: ModelConfig, batch_size: int = 1, context_len: int = 0,
+                     dtype: str | torch.dtype = "bf16",
+                     kv_dtype: str | torch.dtype | None = None) -> StepCost:
+    """One decode step: ``batch_size`` sequences each add one token after ``context_len`` tokens."""
+    return step_cost(config, [1] * batch_size, [context_len + 1] * batch_size, dtype, kv_dtype)
+
+
+def arithmetic_intensity(flops: float, n_bytes: float) -> float:
+    """FLOP per byte."""
+    return flops / n_bytes
+
+
+def ridge_point(peak_flops: float, bandwidth_bytes_per_s: float) -> float:
+    """The intensity (FLOP/byte) above which a kernel is compute-bound on this machine."""
+    return peak_flops / bandwidth_bytes_per_s
+
+
+def time_floor_s(n_bytes: float, bandwidth_bytes_per_s: float) -> float:
+    """The least time moving ``n_bytes`` can take: the bandwidth floor."""
+    return n_bytes / bandwidth_bytes_per_s
+
+
+def efficiency(floor_s: float, measured_s: float) -> float:
+    """Fraction of the roofline achieved: floor / measured (1.0 = at the roofline)."""
+    return floor_s / measured_s
+
+
+@dataclass(frozen=True)
+class RooflineCostModel:
+    """``t = max(bytes / bandwidth, flops / peak) + overhead`` for one step."""
+
+    bandwidth_bytes_per_s: float
+    peak_flops: float
+    overhead_s: float = 0.0
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_bytes_per_s <= 0 or self.peak_flops <= 0 or self.overhead_s < 0:
+            raise ValueError(f"bandwidth and peak must be > 0 and overhead >= 0, got "
+                             f"{self.bandwidth_bytes_per_s}, {self.peak_flops}, {self.overhead_s}")
+
+    @classmethod
+    def from_device_spec(cls, spec, dtype: str = "bf16") -> "RooflineCostModel":
+        """From a datasheet preset (``ai_evolution.hardware.DeviceSpec``)."""
+        if dtype not in spec.peak_flops:
+            raise ValueError(f"{spec.name} has no published peak for {dtype!r}; "
+                             f"available: {', '.join(spec.peak_flops)}")
+        return cls(spec.bandwidth_bytes_per_s, spec.peak_flops[dtype], name=spec.name)
+
+    @property
+    def ridge_point(self) -> float:
+        return ridge_point(self.peak_flops, self.bandwidth_bytes_per_s)
+
+    def roofline_s(self, cost: StepCost) -> float:
+        return max(cost.bytes / self.bandwidth_bytes_per_s, cost.flops / self.peak_flops)
+
+    def step_time_s(self, cost: StepCost) -> float:
+        return self.roofline_s(cost) + self.overhead_s
+
+    def calibrated(self, cost: StepCost, measured_s: float) -> "RooflineCostModel":
+        """The same machine with ``overhead`` fitted so that ``cost`` takes ``measured_s``.
+
+        A measurement faster than the roofline (a cache-resident model, or an optimistic
+        bandwidth) gives zero overhead rather than a negative one.
+        """
+        return replace(self, overhead_s=max(0.0, measured_s - self.roofline_s(cost)))
