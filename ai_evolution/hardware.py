@@ -1,16 +1,28 @@
 """What machine the labs run on: the device, the dtype it supports, and facts for the contract.
 
-Probes that *measure* the machine (bandwidth, matmul throughput) belong to the roofline chapter;
-this module only describes it.
+Three layers, from cheapest to most honest:
+
+- *describe*: what the device says about itself (name, dtypes, memory);
+- *datasheet presets* (``DEVICE_PRESETS``): what vendors publish for GPUs the reader may not
+  have, each with its source, so the simulator can replay a run "at H100 scale";
+- *probes* (``measure_bandwidth``, ``measure_matmul``, ``measure_decode_matmul``): what this
+  machine actually achieves, measured with a warm-up and repetitions and reported as medians.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import platform
+import statistics
 import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
@@ -90,3 +102,490 @@ def describe(device: torch.device | str | None = None) -> dict:
         env["gpu_memory_bytes"] = int(props.total_memory)
         env["compute_capability"] = f"{props.major}.{props.minor}"
     return env
+
+
+# --------------------------------------------------------------------------------------------
+# Datasheet presets
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What a vendor publishes about an accelerator, in SI units.
+
+    ``memory_bytes`` and ``bandwidth_bytes_per_s`` use powers of ten (80 GB = 80e9 bytes,
+    3,35 TB/s = 3.35e12 bytes/s). ``peak_flops`` maps a dtype name ('fp32', 'tf32', 'fp16',
+    'bf16', 'fp8', 'int8') to the DENSE peak in FLOP/s (OP/s for int8); datasheets often print
+    the "with sparsity" figure, which is twice the dense one and which no dense GEMM reaches.
+    Only dtypes the source publishes are present.
+    """
+
+    name: str
+    memory_bytes: float
+    bandwidth_bytes_per_s: float
+    peak_flops: dict[str, float]
+    has_bf16: bool
+    source: str
+    notes: str = ""
+
+
+_HOPPER_FLOPS = {  # H100 SXM and H200 share the same GH100 compute
+    "fp32": 67e12, "tf32": 494.7e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12,
+    "int8": 1979e12,
+}
+
+DEVICE_PRESETS: dict[str, DeviceSpec] = {
+    "h100-sxm": DeviceSpec(
+        name="NVIDIA H100 SXM5 80GB",
+        memory_bytes=80e9,
+        bandwidth_bytes_per_s=3.35e12,
+        peak_flops=dict(_HOPPER_FLOPS),
+        has_bf16=True,
+        source="https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM datasheet)",
+        notes="HBM3. The datasheet prints 1979 TFLOP/s bf16/fp16 and 3958 fp8 *with sparsity*; "
+              "dense figures are half of those.",
+    ),
+    "h200": DeviceSpec(
+        name="NVIDIA H200 SXM 141GB",
+        memory_bytes=141e9,
+        bandwidth_bytes_per_s=4.8e12,
+        peak_flops=dict(_HOPPER_FLOPS),
+        has_bf16=True,
+        source="https://www.nvidia.com/en-us/data-center/h200/ (H200 datasheet)",
+        notes="HBM3e. Same compute as the H100 SXM: more and faster memory only, so it helps "
+              "bandwidth-bound decode, not compute-bound prefill.",
+    ),
+    "a100-80gb": DeviceSpec(
+        name="NVIDIA A100 80GB SXM",
+        memory_bytes=80e9,
+        bandwidth_bytes_per_s=2.039e12,
+        peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12,
+                    "int8": 624e12},
+        has_bf16=True,
+        source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+               "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+        notes="HBM2e; 2039 GB/s is the SXM figure (the PCIe card has 1935 GB/s). "
+              "Sparsity doubles the tensor-core figures on the datasheet.",
+    ),
+    "l4": DeviceSpec(
+        name="NVIDIA L4",
+        memory_bytes=24e9,
+        bandwidth_bytes_per_s=300e9,
+        peak_flops={"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12,
+                    "fp8": 242.5e12, "int8": 242.5e12},
+        has_bf16=True,
+        source="https://www.nvidia.com/en-us/data-center/l4/ (L4 datasheet)",
+        notes="GDDR6. The datasheet prints 242 TFLOP/s fp16/bf16, 485 fp8/int8 and 120 tf32 "
+              "*with sparsity*; dense figures are half of those.",
+    ),
+    "t4": DeviceSpec(
+        name="NVIDIA T4",
+        memory_bytes=16e9,
+        bandwidth_bytes_per_s=320e9,
+        peak_flops={"fp32": 8.1e12, "fp16": 65e12, "int8": 130e12},
+        has_bf16=False,
+        source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/"
+               "t4-tensor-core-datasheet-951643.pdf",
+        notes="GDDR6, Turing (compute capability 7.5): no bf16, so labs on a free Colab T4 "
+              "serve in fp16. 65 TFLOP/s is mixed precision (fp16 in, fp32 accumulate).",
+    ),
+    "apple-m5-pro-laptop": DeviceSpec(
+        name="Apple M5 Pro laptop (the course seed's machine)",
+        memory_bytes=48e9,
+        bandwidth_bytes_per_s=273e9,
+        peak_flops={"fp16": 18e12},
+        has_bf16=True,
+        source="course seed 000 (measured on the author's laptop)",
+        notes="273 GB/s was measured by the seed, not taken from a datasheet; 18 TFLOP/s fp16 "
+              "is the seed's figure. memory_bytes (48 GB) is the seed's configuration, unified "
+              "between CPU and GPU. The seed reports prefill 1143 tok/s and decode 42,6 tok/s "
+              "on a 5,38 GB 4-bit model file.",
+    ),
+}
+
+
+def get_device_spec(name: str) -> DeviceSpec:
+    """The preset called ``name`` (case-insensitive), e.g. ``get_device_spec("h100-sxm")``."""
+    key = str(name).strip().lower()
+    if key not in DEVICE_PRESETS:
+        raise KeyError(f"dispositivo desconocido {name!r}; los conocidos son: "
+                       f"{', '.join(DEVICE_PRESETS)}")
+    return DEVICE_PRESETS[key]
+
+
+# --------------------------------------------------------------------------------------------
+# Probes: what this machine achieves
+# --------------------------------------------------------------------------------------------
+
+GiB = 2**30
+_SHOW_PROGRESS_ABOVE_S = 2.0
+_MIN_REP_S = 0.01  # below this a repetition loops the call, so timer overhead stays negligible
+_MAX_CALLS_PER_REP = 10_000
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One measurement: the median over repetitions, its range, and every sample.
+
+    ``samples`` holds one value per repetition in ``unit``; ``params`` records what was measured
+    (sizes, dtype, device, threads, derived rates) so that the number can be re-read later.
+    """
+
+    name: str
+    unit: str
+    median: float
+    min: float
+    max: float
+    samples: tuple[float, ...]
+    params: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """A JSON-serializable copy."""
+        out = dataclasses.asdict(self)
+        out["samples"] = list(self.samples)
+        return out
+
+
+def available_memory_bytes(device: torch.device | str) -> int | None:
+    """Free memory the probes may draw on: the GPU's free memory on CUDA, else the host's.
+
+    On Linux the host figure is ``MemAvailable`` from /proc/meminfo (no psutil dependency);
+    elsewhere it falls back to ``os.sysconf``, and to half of physical memory where only that is
+    known (macOS). ``None`` when nothing can be read.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the file says kB, meaning KiB
+    except (OSError, ValueError, IndexError):
+        pass
+    for pages_name, fraction in (("SC_AVPHYS_PAGES", 1), ("SC_PHYS_PAGES", 2)):
+        try:
+            return int(os.sysconf(pages_name) * os.sysconf("SC_PAGE_SIZE") // fraction)
+        except (ValueError, OSError, AttributeError):
+            continue
+    return None
+
+
+def _resolve_device(device: torch.device | str | None) -> torch.device:
+    return pick_device() if device is None else torch.device(device)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_dtype(device: torch.device, dtype: torch.dtype) -> str:
+    name = _dtype_name(dtype)
+    accepted = supported_dtypes(device)
+    if name not in accepted:
+        raise ValueError(f"el dtype {name!r} no está soportado en el dispositivo "
+                         f"{device_name(device)!r} ({device.type}); dtypes aceptados: "
+                         f"{', '.join(accepted)}")
+    return name
+
+
+def _check_positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "un entero positivo" if minimum == 1 else f"un entero >= {minimum}"
+        raise ValueError(f"{name} debe ser {what}; se recibió {value!r}")
+    return value
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _capped(default_bytes: int, device: torch.device, share: int) -> int:
+    """``default_bytes`` or 1/``share`` of the available memory, whichever is smaller."""
+    available = available_memory_bytes(device)
+    return default_bytes if available is None else min(default_bytes, available // share)
+
+
+class _Progress:
+    """A tqdm bar over repetitions, created only when asked or when the run looks long."""
+
+    def __init__(self, progress: bool | None, total: int, desc: str):
+        self._wanted, self._total, self._desc = progress, total, desc
+        self._bar = None
+        if progress:
+            self._open()
+
+    def _open(self) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=self._total, desc=self._desc, unit="rep", leave=False)
+
+    def decide(self, estimated_s: float) -> None:
+        if self._wanted is None and self._bar is None and estimated_s > _SHOW_PROGRESS_ABOVE_S:
+            self._open()
+        self._wanted = self._bar is not None  # decide once
+
+    def update(self) -> None:
+        if self._bar is not None:
+            self._bar.update()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _time_calls(call: Callable[[], object], device: torch.device, *, repeats: int, warmup: int,
+                bar: _Progress, runs_left: float = 1.0) -> tuple[list[float], int]:
+    """Seconds per ``call()``, one value per repetition, and the calls looped per repetition.
+
+    After the warm-up, one more (uncounted) timed call sizes the loop inside a repetition (a
+    repetition lasts at least ``_MIN_REP_S``, so the timer and synchronisation cost stay
+    negligible on fast GPUs) and estimates whether a progress bar is worth showing
+    (``runs_left`` such measurements are still to come). ``warmup=0`` skips both.
+    """
+    calls_per_rep = 1
+    if warmup:
+        for _ in range(warmup):
+            call()
+        _sync(device)
+        start = time.perf_counter()
+        call()
+        _sync(device)
+        last_s = max(time.perf_counter() - start, 1e-9)
+        calls_per_rep = max(1, min(_MAX_CALLS_PER_REP, math.ceil(_MIN_REP_S / last_s)))
+        bar.decide(last_s * calls_per_rep * repeats * runs_left)
+    else:
+        bar.decide(0.0)
+    seconds = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(calls_per_rep):
+            call()
+        _sync(device)
+        seconds.append(max(time.perf_counter() - start, 1e-9) / calls_per_rep)
+        bar.update()
+    return seconds, calls_per_rep
+
+
+def _result(name: str, unit: str, samples: Sequence[float], params: dict) -> ProbeResult:
+    samples = tuple(float(s) for s in samples)
+    return ProbeResult(name=name, unit=unit, median=float(statistics.median(samples)),
+                       min=min(samples), max=max(samples), samples=samples, params=params)
+
+
+def _common_params(device: torch.device, dtype_name: str, calls_per_rep: int,
+                   repeats: int, warmup: int) -> dict:
+    params = {"device": device.type, "device_name": device_name(device), "dtype": dtype_name,
+              "repeats": repeats, "warmup": warmup, "calls_per_rep": calls_per_rep}
+    if device.type == "cpu":
+        params["torch_threads"] = torch.get_num_threads()
+    if device.type == "cuda":
+        params["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+    return params
+
+
+BANDWIDTH_KINDS = ("read", "copy")
+
+
+def measure_bandwidth(device: torch.device | str | None = None, size_bytes: int | None = None,
+                      kind: str = "read", dtype: torch.dtype = torch.float32, repeats: int = 5,
+                      warmup: int = 1, progress: bool | None = None) -> ProbeResult:
+    """Memory bandwidth in GB/s (1e9 bytes/s), median over ``repeats``.
+
+    ``kind="read"`` times ``torch.sum`` over one buffer of ``size_bytes`` (bytes moved = its
+    size); ``kind="copy"`` times ``dst.copy_(src)`` (bytes moved = 2 x size: one read, one
+    write). The default size is 1 GiB on CPU/MPS and 2 GiB on CUDA, never more than about 1/8
+    of the available memory in all: buffers must be far larger than the last-level cache
+    (about 64 MiB on the course's CI machine; 50-60 MB of L2 on an H100/H200), or the probe
+    measures the cache. ``progress=None`` shows a bar only when the run looks longer than ~2 s.
+    """
+    device = _resolve_device(device)
+    if kind not in BANDWIDTH_KINDS:
+        raise ValueError(f"kind={kind!r} no es válido; valores aceptados: "
+                         f"{', '.join(repr(k) for k in BANDWIDTH_KINDS)}")
+    dtype_name = _check_dtype(device, dtype)
+    repeats = _check_positive_int("repeats", repeats)
+    warmup = _check_positive_int("warmup", warmup, minimum=0)
+    buffers = 1 if kind == "read" else 2
+    if size_bytes is None:
+        size_bytes = _capped((2 if device.type == "cuda" else 1) * GiB, device, 8 * buffers)
+    else:
+        _check_positive_int("size_bytes", size_bytes)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = size_bytes // itemsize
+    if numel < 1:
+        raise ValueError(f"size_bytes={size_bytes} es menor que un elemento de {dtype_name} "
+                         f"({itemsize} bytes); use un tamaño de al menos {itemsize} bytes")
+    nbytes = numel * itemsize
+
+    with torch.inference_mode():
+        src = torch.ones(numel, dtype=dtype, device=device)  # writing it touches every page
+        if kind == "read":
+            def call():
+                return torch.sum(src)
+        else:
+            dst = torch.empty_like(src)
+
+            def call():
+                return dst.copy_(src)
+        bytes_per_call = nbytes * buffers
+        bar = _Progress(progress, repeats, f"bandwidth {kind}")
+        try:
+            seconds, calls_per_rep = _time_calls(call, device, repeats=repeats, warmup=warmup,
+                                                 bar=bar)
+        finally:
+            bar.close()
+    params = {"kind": kind, "size_bytes": nbytes, "bytes_per_call": bytes_per_call,
+              **_common_params(device, dtype_name, calls_per_rep, repeats, warmup)}
+    return _result(f"bandwidth_{kind}", "GB/s", [bytes_per_call / s / 1e9 for s in seconds],
+                   params)
+
+
+def measure_matmul(device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+                   n: int | None = None, repeats: int = 5, warmup: int = 1,
+                   progress: bool | None = None) -> ProbeResult:
+    """Square ``n x n @ n x n`` GEMM throughput in GFLOP/s (2 n^3 FLOP per call), median.
+
+    The default ``n`` is 2048 on CPU/MPS and 8192 on CUDA, halved while the three matrices
+    would take more than 1/8 of the available memory. On CUDA, fp32 runs as true fp32 unless
+    ``torch.backends.cuda.matmul.allow_tf32`` is set (recorded in ``params``).
+    """
+    device = _resolve_device(device)
+    dtype_name = _check_dtype(device, dtype)
+    repeats = _check_positive_int("repeats", repeats)
+    warmup = _check_positive_int("warmup", warmup, minimum=0)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if n is None:
+        n = 8192 if device.type == "cuda" else 2048
+        available = available_memory_bytes(device)
+        while available is not None and n > 256 and 3 * n * n * itemsize > available // 8:
+            n //= 2
+    else:
+        _check_positive_int("n", n)
+
+    with torch.inference_mode():
+        gen = torch.Generator(device=device).manual_seed(0)
+        a = torch.randn(n, n, dtype=dtype, device=device, generator=gen)
+        b = torch.randn(n, n, dtype=dtype, device=device, generator=gen)
+        c = torch.empty(n, n, dtype=dtype, device=device)
+
+        def call():
+            return torch.mm(a, b, out=c)
+
+        bar = _Progress(progress, repeats, f"matmul {dtype_name} n={n}")
+        try:
+            seconds, calls_per_rep = _time_calls(call, device, repeats=repeats, warmup=warmup,
+                                                 bar=bar)
+        finally:
+            bar.close()
+    flops = 2 * n**3
+    params = {"n": n, "flops_per_call": flops,
+              **_common_params(device, dtype_name, calls_per_rep, repeats, warmup)}
+    return _result("matmul", "GFLOP/s", [flops / s / 1e9 for s in seconds], params)
+
+
+def measure_decode_matmul(device: torch.device | str | None = None,
+                          dtype: torch.dtype = torch.float32, k: int = 2048, n: int = 8192,
+                          rows: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 5,
+                          warmup: int = 1, working_set_bytes: int | None = None,
+                          progress: bool | None = None) -> list[ProbeResult]:
+    """Decode-shaped linears ``F.linear(x[M, k], W[n, k])`` with cold weights, one result per M.
+
+    A decode step multiplies a few rows (the batch, M) by every weight matrix once, so each
+    weight must come from memory, not from cache. The probe cycles through enough distinct
+    ``W`` matrices that together they exceed the last-level cache: ``working_set_bytes``
+    defaults to 1,2 GiB on CPU/MPS (the CI machine's LLC is about 64 MiB) and 512 MB on CUDA
+    (about 10x an H100's L2), capped at 1/8 of the available memory.
+
+    Each result's median is milliseconds per linear; ``params`` adds ``weight_gbps`` (weight
+    bytes read per second, at the median) and ``gflops`` (2 M k n per call, at the median).
+    """
+    device = _resolve_device(device)
+    dtype_name = _check_dtype(device, dtype)
+    k = _check_positive_int("k", k)
+    n = _check_positive_int("n", n)
+    repeats = _check_positive_int("repeats", repeats)
+    warmup = _check_positive_int("warmup", warmup, minimum=0)
+    rows = tuple(rows)
+    if not rows:
+        raise ValueError("rows no puede estar vacío; dé al menos un número de filas, "
+                         "p. ej. (1, 8)")
+    for m in rows:
+        _check_positive_int("cada valor de rows", m)
+    if working_set_bytes is None:
+        default = 512 * 10**6 if device.type == "cuda" else int(1.2 * GiB)
+        working_set_bytes = _capped(default, device, 8)
+    else:
+        _check_positive_int("working_set_bytes", working_set_bytes)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    weight_bytes = n * k * itemsize
+    num_matrices = max(1, math.ceil(working_set_bytes / weight_bytes))
+
+    results = []
+    bar = _Progress(progress, repeats * len(rows), f"decode linears {dtype_name}")
+    try:
+        with torch.inference_mode():
+            gen = torch.Generator(device=device).manual_seed(0)
+            weights = [torch.empty(n, k, dtype=dtype, device=device)
+                       .uniform_(-1, 1, generator=gen) for _ in range(num_matrices)]
+            for i, m in enumerate(rows):
+                x = torch.randn(m, k, dtype=dtype, device=device, generator=gen)
+
+                def one_pass(x=x):
+                    for w in weights:
+                        F.linear(x, w)
+
+                # Larger M costs more per call; twice the first row's time is a rough guess.
+                seconds, passes_per_rep = _time_calls(
+                    one_pass, device, repeats=repeats, warmup=warmup, bar=bar,
+                    runs_left=2.0 * (len(rows) - i))
+                ms = [s / num_matrices * 1e3 for s in seconds]
+                median_s = statistics.median(ms) / 1e3
+                flops = 2 * m * k * n
+                params = {"rows": m, "k": k, "n": n, "num_matrices": num_matrices,
+                          "working_set_bytes": num_matrices * weight_bytes,
+                          "weight_bytes_per_call": weight_bytes, "flops_per_call": flops,
+                          "weight_gbps": weight_bytes / median_s / 1e9,
+                          "gflops": flops / median_s / 1e9,
+                          **_common_params(device, dtype_name, passes_per_rep, repeats, warmup)}
+                results.append(_result("decode_matmul", "ms", ms, params))
+    finally:
+        bar.close()
+    return results
+
+
+def probe_summary(device: torch.device | str | None = None, quick: bool = False) -> dict:
+    """Read bandwidth and matmul throughput for the device's default dtype, JSON-ready.
+
+    Meant for a lab contract's ``environment``. ``quick=True`` (tests, the ``ci`` profile) uses
+    a 16 MiB buffer and n=256: it finishes in well under a second, but such a buffer sits in
+    the cache of most machines, so its "bandwidth" is not DRAM bandwidth; the dict says so.
+    """
+    device = _resolve_device(device)
+    dtype = default_dtype(device)
+    if quick:
+        bandwidth = measure_bandwidth(device, size_bytes=16 * 2**20, kind="read", dtype=dtype,
+                                      repeats=2, warmup=1, progress=False)
+        matmul = measure_matmul(device, dtype=dtype, n=256, repeats=2, warmup=1, progress=False)
+    else:
+        bandwidth = measure_bandwidth(device, kind="read", dtype=dtype)
+        matmul = measure_matmul(device, dtype=dtype)
+    summary = {
+        "device": device.type,
+        "device_name": device_name(device),
+        "dtype": _dtype_name(dtype),
+        "quick": bool(quick),
+        "measured": True,  # timings: they change from run to run
+        "bandwidth_read_gbps": bandwidth.median,
+        "matmul_gflops": matmul.median,
+        "probes": {"bandwidth_read": bandwidth.to_dict(), "matmul": matmul.to_dict()},
+    }
+    if quick:
+        summary["note"] = ("modo rápido: el búfer de 16 MiB cabe en la caché, así que el ancho "
+                           "de banda medido no es el de la memoria principal")
+    return summary

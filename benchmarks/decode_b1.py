@@ -1,0 +1,104 @@
+"""Batch-1 decode step of the library's model against the memory-bandwidth floor, and against
+Hugging Face ``generate`` on the same weights, measured side by side in one run.
+
+    python benchmarks/decode_b1.py [--model cpu-200m] [--reps 5] [--new-tokens 64]
+
+The figure of merit is a ratio, not a time: floor / measured step, where the floor is the bytes a
+decode step reads divided by the read bandwidth probed in this same run. Variants are interleaved
+rep by rep so that the shared machine's drift hits them alike. Target on CPU, fp32, ~200M
+params: >= 90 % of the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from ai_evolution.generation import generate
+from ai_evolution.hardware import measure_bandwidth
+from ai_evolution.model import get_preset, random_model
+from ai_evolution.sim import decode_step_cost, time_floor_s
+
+
+def ours_step_s(model, prompt: list[int], new_tokens: int) -> float:
+    stamps: list[float] = []
+    generate(model, prompt, new_tokens, on_token=lambda step, toks: stamps.append(time.perf_counter()))
+    return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+
+
+def hf_model_from(model):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_dict = model.config.to_hf_config()
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf_dict.pop("model_type"), **hf_dict),
+                                          torch_dtype=torch.float32)
+    missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+    return hf.eval()
+
+
+def hf_step_s(hf, prompt: list[int], new_tokens: int) -> float:
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    stamps: list[float] = []
+
+    class Stamp(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            stamps.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    with torch.inference_mode():
+        hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0,
+                    stopping_criteria=StoppingCriteriaList([Stamp()]))
+    return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="cpu-200m")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    args = parser.parse_args(argv)
+
+    model = random_model(get_preset(args.model), seed=0).eval()
+    prompt = torch.randint(3, model.config.vocab_size, (args.prompt_len,),
+                           generator=torch.Generator().manual_seed(0)).tolist()
+    hf = None if args.no_hf else hf_model_from(model)
+    cost = decode_step_cost(model.config, 1, args.prompt_len + args.new_tokens // 2, dtype="fp32")
+    rows: dict[str, list[float]] = {"bandwidth_gbps": [], "ours_ms": [], "hf_ms": []}
+    ours_step_s(model, prompt, 4)  # warm-up
+    if hf is not None:
+        hf_step_s(hf, prompt, 4)
+    for rep in range(args.reps):
+        rows["bandwidth_gbps"].append(measure_bandwidth(kind="read", repeats=3, progress=False).median)
+        rows["ours_ms"].append(ours_step_s(model, prompt, args.new_tokens) * 1e3)
+        if hf is not None:
+            rows["hf_ms"].append(hf_step_s(hf, prompt, args.new_tokens) * 1e3)
+        print(f"rep {rep + 1}/{args.reps}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rows.items() if v),
+              flush=True)
+
+    bw = statistics.median(rows["bandwidth_gbps"]) * 1e9
+    floor_ms = time_floor_s(cost.bytes, bw) * 1e3
+    print(f"\nmodel {args.model}: {cost.bytes / 1e6:.1f} MB read per decode step (fp32), "
+          f"threads {torch.get_num_threads()}")
+    print(f"read bandwidth (median of {args.reps}): {bw / 1e9:.1f} GB/s -> floor {floor_ms:.2f} ms/token")
+    print(f"{'variant':<24}{'step ms (median)':>18}{'range':>18}{'floor / step':>14}")
+    for key, label in (("ours_ms", "ai_evolution"), ("hf_ms", "transformers generate")):
+        if rows[key]:
+            med = statistics.median(rows[key])
+            print(f"{label:<24}{med:>18.2f}{f'{min(rows[key]):.1f}-{max(rows[key]):.1f}':>18}"
+                  f"{floor_ms / med:>13.0%}")
+    if rows["hf_ms"]:
+        print(f"speed ratio ai_evolution / transformers: "
+              f"{statistics.median(rows['hf_ms']) / statistics.median(rows['ours_ms']):.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
