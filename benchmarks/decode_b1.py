@@ -34,7 +34,7 @@ def hf_model_from(model):
 
     hf_dict = model.config.to_hf_config()
     hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf_dict.pop("model_type"), **hf_dict),
-                                          torch_dtype=torch.float32)
+                                          dtype=torch.float32)
     missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
     assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
     return hf.eval()
