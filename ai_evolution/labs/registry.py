@@ -23,6 +23,7 @@ from .profiles import resolve_profile
 # kind -> module that defines SPEC and run(); modules are imported on first use.
 _LABS: dict[str, str] = {
     "kv_cache": "ai_evolution.labs.kv_cache",
+    "roofline": "ai_evolution.labs.roofline",
 }
 
 
