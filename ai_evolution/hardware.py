@@ -297,7 +297,8 @@ def _check_positive_int(name: str, value, minimum: int = 1) -> int:
     return value
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device to finish queued work, so wall-clock timings are honest."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
@@ -351,10 +352,10 @@ def _time_calls(call: Callable[[], object], device: torch.device, *, repeats: in
     if warmup:
         for _ in range(warmup):
             call()
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         call()
-        _sync(device)
+        synchronize(device)
         last_s = max(time.perf_counter() - start, 1e-9)
         calls_per_rep = max(1, min(_MAX_CALLS_PER_REP, math.ceil(_MIN_REP_S / last_s)))
         bar.decide(last_s * calls_per_rep * repeats * runs_left)
@@ -362,11 +363,11 @@ def _time_calls(call: Callable[[], object], device: torch.device, *, repeats: in
         bar.decide(0.0)
     seconds = []
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         for _ in range(calls_per_rep):
             call()
-        _sync(device)
+        synchronize(device)
         seconds.append(max(time.perf_counter() - start, 1e-9) / calls_per_rep)
         bar.update()
     return seconds, calls_per_rep

@@ -13,13 +13,7 @@ import numpy as np
 import torch
 
 from .generation import generate
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
+from .hardware import synchronize
 
 
 def step_times(model, prompt_ids: list[int], max_new_tokens: int, *, cache: str | None,
@@ -35,10 +29,10 @@ def step_times(model, prompt_ids: list[int], max_new_tokens: int, *, cache: str 
         stamps: list[float] = []
 
         def on_token(step: int, tokens) -> None:
-            _sync(device)
+            synchronize(device)
             stamps.append(time.perf_counter())
 
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         generate(model, prompt_ids, max_new_tokens, cache=cache, on_token=on_token)
         if r >= warmup:

@@ -85,3 +85,15 @@ def without_volatile(contract: dict) -> dict:
 
 def to_json(contract: dict, indent: int = 2) -> str:
     return json.dumps(contract, indent=indent, ensure_ascii=False, sort_keys=False)
+
+
+def evidence(statement: str, value: Any, unit: str, source: str = "computed",
+             volatile: bool = False) -> dict:
+    """One evidence item: a sentence, the number it rests on, its unit and where it comes from
+    (``computed`` from formulas, ``measured`` on this machine, ``cited`` from a source)."""
+    if hasattr(value, "item"):  # numpy / torch scalars
+        value = value.item()
+    item = {"statement": statement, "value": value, "unit": unit, "source": source}
+    if volatile:
+        item["volatile"] = True
+    return item

@@ -20,6 +20,7 @@ from ..model import (MemoryBudget, dtype_bytes, get_preset, kv_bytes, kv_bytes_p
 from ..model.attention import ContiguousKVCache
 from ..model.checkpoint import load_pretrained, random_model
 from ..timing import fit_growth, step_times
+from .contract import evidence as _ev
 from .registry import LabParamError, LabSpec, Param
 
 ARITHMETIC_PRESETS = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.3",
@@ -203,15 +204,6 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         "limitations": limitations,
         "volatile_fields": ["results.timing", "results.numerics"],
     }
-
-
-def _ev(statement: str, value, unit: str, source: str = "computed", volatile: bool = False) -> dict:
-    if isinstance(value, (np.floating, np.integer)):
-        value = value.item()
-    item = {"statement": statement, "value": value, "unit": unit, "source": source}
-    if volatile:
-        item["volatile"] = True
-    return item
 
 
 SPEC = LabSpec(

@@ -17,12 +17,13 @@ import numpy as np
 import torch
 
 from ..fmt import es
-from ..hardware import default_dtype, get_device_spec, measure_bandwidth, measure_matmul
+from ..hardware import (default_dtype, get_device_spec, measure_bandwidth, measure_matmul,
+                        synchronize)
 from ..model import get_preset, load_pretrained, random_model
 from ..model.attention import ContiguousKVCache
 from ..sim import RooflineCostModel, decode_step_cost, ridge_point, step_cost, time_floor_s
-from ..timing import _sync, step_times
-from .kv_cache import _ev
+from ..timing import step_times
+from .contract import evidence as _ev
 from .registry import LabParamError, LabSpec, Param
 
 MODELS = ("cpu-200m", "smollm2-135m", "qwen3-0.6b", "qwen2.5-0.5b", "tiny-es")
@@ -54,10 +55,10 @@ def prefill_seconds(model, prompt: list[int], repeats: int) -> float:
         for r in range(repeats + 1):
             cache = ContiguousKVCache(model.config, 1, len(prompt),
                                       dtype=next(model.parameters()).dtype, device=device)
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             model.logits(model.hidden_states(ids, kv_cache=cache)[:, -1])
-            _sync(device)
+            synchronize(device)
             if r:  # the first run is a warm-up
                 times.append(time.perf_counter() - start)
     return float(np.median(times))
