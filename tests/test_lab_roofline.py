@@ -3,7 +3,7 @@
 import pytest
 
 from ai_evolution.labs import LabParamError, run_lab, without_volatile
-from ai_evolution.labs.roofline import departure_batch
+from ai_evolution.sim import departure_batch
 
 FAST = dict(model="tiny-es", prompt_len=32, context_len=16, decode_tokens=4, batch_sizes=[1, 2],
             repeats=1)
@@ -41,7 +41,7 @@ def test_departure_batch_is_the_first_relative_excess(measured, expected):
 
 
 def test_departure_batch_rejects_unsorted_batches():
-    with pytest.raises(ValueError, match="ascending"):
+    with pytest.raises(ValueError, match="ordenada"):
         departure_batch([2, 1], [1, 1], [1, 1], 0.1)
 
 

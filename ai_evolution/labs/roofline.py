@@ -21,23 +21,13 @@ from ..hardware import (default_dtype, get_device_spec, measure_bandwidth, measu
                         synchronize)
 from ..model import get_preset, load_pretrained, random_model
 from ..model.attention import ContiguousKVCache
-from ..sim import RooflineCostModel, decode_step_cost, ridge_point, step_cost, time_floor_s
+from ..sim import (RooflineCostModel, decode_step_cost, departure_batch, ridge_point, step_cost,
+                   time_floor_s)
 from ..timing import step_times
 from .contract import evidence as _ev
 from .registry import LabParamError, LabSpec, Param
 
 MODELS = ("cpu-200m", "smollm2-135m", "qwen3-0.6b", "qwen2.5-0.5b", "tiny-es")
-
-
-def departure_batch(batch_sizes, measured_s, predicted_s, tolerance: float) -> int | None:
-    """The first batch size whose measured step exceeds the prediction by more than
-    ``tolerance`` (relative: measured > predicted x (1 + tolerance)); None if none does."""
-    if list(batch_sizes) != sorted(batch_sizes):
-        raise ValueError(f"batch_sizes must be sorted ascending, got {list(batch_sizes)}")
-    for b, m, p in zip(batch_sizes, measured_s, predicted_s):
-        if m > p * (1 + tolerance):
-            return int(b)
-    return None
 
 
 def load_model(name: str, seed: int, dtype: torch.dtype, device: torch.device):

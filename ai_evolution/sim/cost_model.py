@@ -149,3 +149,27 @@ class RooflineCostModel:
         bandwidth) gives zero overhead rather than a negative one.
         """
         return replace(self, overhead_s=max(0.0, measured_s - self.roofline_s(cost)))
+
+
+def departure_batch(batch_sizes: Sequence[int], measured_s: Sequence[float],
+                    predicted_s: Sequence[float], tolerance: float) -> int | None:
+    """The first batch size whose measured step exceeds the prediction by more than ``tolerance``,
+    relative: ``measured > predicted x (1 + tolerance)`` (strictly); None if none does.
+
+    Later points do not matter: a curve that departs and then dips back within the tolerance
+    still departed at its first excess. ``batch_sizes`` must be sorted ascending and the three
+    sequences of the same length; ``tolerance >= 0``. Raises ValueError otherwise.
+    """
+    batch_sizes = list(batch_sizes)
+    if not len(batch_sizes) == len(measured_s) == len(predicted_s):
+        raise ValueError(f"batch_sizes, measured_s y predicted_s deben tener la misma longitud; "
+                         f"tienen {len(batch_sizes)}, {len(measured_s)} y {len(predicted_s)}.")
+    if batch_sizes != sorted(batch_sizes):
+        raise ValueError(f"batch_sizes debe estar ordenada de menor a mayor; se recibió "
+                         f"{batch_sizes}.")
+    if tolerance < 0:
+        raise ValueError(f"la tolerancia debe ser >= 0; se recibió {tolerance}.")
+    for b, m, p in zip(batch_sizes, measured_s, predicted_s):
+        if m > p * (1 + tolerance):
+            return int(b)
+    return None
