@@ -11,14 +11,9 @@ from ai_evolution.checks import kv_cache as checks
 from ai_evolution.model import dtype_bytes, kv_bytes_per_token, weight_bytes
 from ai_evolution.model.attention import cached_attention
 from ai_evolution.timing import fit_growth
+from checkutil import fails
 
 
-def _fails(check, fn, *match, **kwargs):
-    result = check(fn, raise_on_fail=False, **kwargs)
-    assert not result.passed
-    for m in match:
-        assert m in result.message, result.message
-    return result
 
 
 def test_kv_bytes_check_accepts_reference():
@@ -27,17 +22,17 @@ def test_kv_bytes_check_accepts_reference():
 
 def test_kv_bytes_check_names_missing_factor_two():
     fn = lambda c, d: c.num_layers * c.num_kv_heads * c.head_dim * dtype_bytes(d)  # noqa: E731
-    _fails(checks.check_kv_bytes_per_token, fn, "falla el caso 1", "K y V")
+    fails(checks.check_kv_bytes_per_token, fn, "falla el caso 1", "K y V")
 
 
 def test_kv_bytes_check_names_query_heads_instead_of_kv_heads():
     fn = lambda c, d: 2 * c.num_layers * c.num_heads * c.head_dim * dtype_bytes(d)  # noqa: E731
-    _fails(checks.check_kv_bytes_per_token, fn, "llama-3.1-8b", "num_kv_heads")
+    fails(checks.check_kv_bytes_per_token, fn, "llama-3.1-8b", "num_kv_heads")
 
 
 def test_kv_bytes_check_names_bits_instead_of_bytes():
     fn = lambda c, d: 8 * kv_bytes_per_token(c, d)  # noqa: E731
-    _fails(checks.check_kv_bytes_per_token, fn, "bits")
+    fails(checks.check_kv_bytes_per_token, fn, "bits")
 
 
 def test_failed_check_raises_in_notebooks():
@@ -83,20 +78,20 @@ def _no_mask(q, k_new, v_new, k_cache, v_cache, positions):
 
 
 def test_attention_check_rejects_attending_to_future_positions(small_model):
-    _fails(checks.check_cached_attention, _no_mask, "la salida difiere", model=small_model)
+    fails(checks.check_cached_attention, _no_mask, "la salida difiere", model=small_model)
 
 
 def test_attention_check_rejects_a_cache_that_is_not_written(small_model):
     def forgets_cache(q, k_new, v_new, k_cache, v_cache, positions):
         return cached_attention(q, k_new, v_new, k_cache.clone(), v_cache.clone(), positions)
-    _fails(checks.check_cached_attention, forgets_cache, "caché quedó mal escrita",
+    fails(checks.check_cached_attention, forgets_cache, "caché quedó mal escrita",
            model=small_model)
 
 
 def test_attention_check_rejects_off_by_one_cache_index(small_model):
     def off_by_one(q, k_new, v_new, k_cache, v_cache, positions):
         return cached_attention(q, k_new, v_new, k_cache, v_cache, positions + 1)
-    _fails(checks.check_cached_attention, off_by_one, "caché quedó mal escrita", model=small_model)
+    fails(checks.check_cached_attention, off_by_one, "caché quedó mal escrita", model=small_model)
 
 
 def test_fit_check_accepts_reference_and_rejects_reversed_coefficients():
@@ -105,7 +100,7 @@ def test_fit_check_accepts_reference_and_rejects_reversed_coefficients():
     def reversed_fit(n, t):
         c2, c1, c0 = np.polyfit(n, t, 2)[::-1]
         return {"c0": c0, "c1": c1, "c2": c2, "quadratic_share": 0.0}
-    _fails(checks.check_fit_growth, reversed_fit, "c2")
+    fails(checks.check_fit_growth, reversed_fit, "c2")
 
 
 def test_budget_check_accepts_reference_and_rejects_rounding_up():
@@ -115,13 +110,13 @@ def test_budget_check_accepts_reference_and_rejects_rounding_up():
     def rounds_up(cfg, mem, ctx, util, dtype):
         free = mem * util - weight_bytes(cfg, dtype)
         return max(0, math.ceil(free / (kv_bytes_per_token(cfg, dtype) * ctx)))
-    _fails(checks.check_sequences_that_fit, rounds_up, "redondee hacia abajo")
+    fails(checks.check_sequences_that_fit, rounds_up, "redondee hacia abajo")
 
 
 def test_budget_check_rejects_ignoring_the_weights():
     def no_weights(cfg, mem, ctx, util, dtype):
         return int(mem * util // (kv_bytes_per_token(cfg, dtype) * ctx))
-    _fails(checks.check_sequences_that_fit, no_weights, "se esperaban")
+    fails(checks.check_sequences_that_fit, no_weights, "se esperaban")
 
 
 def test_extension_check_requires_four_keys_and_a_number():

@@ -6,14 +6,9 @@ from ai_evolution.checks import CheckFailed
 from ai_evolution.checks import roofline as checks
 from ai_evolution.model import dtype_bytes, get_preset, kv_bytes_per_token, weight_bytes
 from ai_evolution.sim import decode_step_cost, weight_bytes_read
+from checkutil import fails
 
 
-def _fails(check, fn, *match, **kwargs):
-    result = check(fn, raise_on_fail=False, **kwargs)
-    assert not result.passed
-    for m in match:
-        assert m in result.message, result.message
-    return result
 
 
 def _tweak(**changes):
@@ -50,23 +45,23 @@ def _kv(config, dtype, batch, ctx):
 
 def test_decode_check_names_the_whole_embedding_table():
     fn = _tweak(bytes=lambda r, a: weight_bytes(a[0], a[1]) + _kv(a[0], a[1], a[2], a[3]))
-    _fails(checks.check_decode_roofline, fn, "falla el caso 1", "llama-2-7b", "bytes:",
+    fails(checks.check_decode_roofline, fn, "falla el caso 1", "llama-2-7b", "bytes:",
            "tabla de embeddings no se multiplica")
 
 
 def test_decode_check_names_a_forgotten_kv_cache():
     fn = _tweak(bytes=lambda r, a: weight_bytes_read(a[0], a[1], a[2]))
-    _fails(checks.check_decode_roofline, fn, "falla el caso 1", "caché KV entera")
+    fails(checks.check_decode_roofline, fn, "falla el caso 1", "caché KV entera")
 
 
 def test_decode_check_names_the_kv_of_one_sequence():
     fn = _tweak(bytes=lambda r, a: weight_bytes_read(a[0], a[1], a[2]) + _kv(a[0], a[1], 1, a[3]))
-    _fails(checks.check_decode_roofline, fn, "una sola secuencia")
+    fails(checks.check_decode_roofline, fn, "una sola secuencia")
 
 
 def test_decode_check_names_context_off_by_one():
     fn = _tweak(bytes=lambda r, a: r["bytes"] - a[2] * kv_bytes_per_token(a[0], a[1]))
-    _fails(checks.check_decode_roofline, fn, "context_len + 1")
+    fails(checks.check_decode_roofline, fn, "context_len + 1")
 
 
 def test_decode_check_names_a_tied_table_treated_as_untied():
@@ -75,43 +70,43 @@ def test_decode_check_names_a_tied_table_treated_as_untied():
         if config.tie_word_embeddings:
             ref["bytes"] -= config.vocab_size * config.hidden_size * dtype_bytes(dtype)
         return ref
-    _fails(checks.check_decode_roofline, fn, "falla el caso 2", "qwen3-0.6b", "ata los embeddings")
+    fails(checks.check_decode_roofline, fn, "falla el caso 2", "qwen3-0.6b", "ata los embeddings")
 
 
 def test_decode_check_names_flops_without_factor_two():
     fn = _tweak(flops=lambda r, a: r["flops"] / 2)
-    _fails(checks.check_decode_roofline, fn, "flops:", "2 FLOP por token")
+    fails(checks.check_decode_roofline, fn, "flops:", "2 FLOP por token")
 
 
 def test_decode_check_names_missing_attention_flops():
     from ai_evolution.sim import matmul_params
     fn = _tweak(flops=lambda r, a: 2 * matmul_params(a[0]) * a[2])
-    _fails(checks.check_decode_roofline, fn, "flops:", "atención")
+    fails(checks.check_decode_roofline, fn, "flops:", "atención")
 
 
 def test_decode_check_names_inverted_intensity():
     fn = _tweak(intensity=lambda r, a: r["bytes"] / r["flops"])
-    _fails(checks.check_decode_roofline, fn, "intensity:", "no al revés")
+    fails(checks.check_decode_roofline, fn, "intensity:", "no al revés")
 
 
 def test_decode_check_names_floor_in_bits():
     fn = _tweak(floor_s=lambda r, a: 8 * r["bytes"] / a[4])
-    _fails(checks.check_decode_roofline, fn, "floor_s:", "bits")
+    fails(checks.check_decode_roofline, fn, "floor_s:", "bits")
 
 
 def test_decode_check_names_floor_with_gigabytes():
     fn = _tweak(floor_s=lambda r, a: r["bytes"] / 1e9 / a[4])
-    _fails(checks.check_decode_roofline, fn, "floor_s:", "mezcla de unidades")
+    fails(checks.check_decode_roofline, fn, "floor_s:", "mezcla de unidades")
 
 
 def test_decode_check_requires_the_four_keys():
     fn = lambda *a: {"bytes": 1.0}  # noqa: E731
-    _fails(checks.check_decode_roofline, fn, "intensity", "floor_s")
+    fails(checks.check_decode_roofline, fn, "intensity", "floor_s")
 
 
 def test_decode_check_prints_numbers_with_decimal_comma():
     fn = _tweak(floor_s=lambda r, a: 2 * r["floor_s"])
-    msg = _fails(checks.check_decode_roofline, fn, "floor_s:").message
+    msg = fails(checks.check_decode_roofline, fn, "floor_s:").message
     assert "," in msg.split("floor_s:")[1] and "." not in msg.split("floor_s:")[1].split(" s")[0]
 
 
@@ -132,22 +127,22 @@ def test_predict_cases_hold_both_regimes_and_overheads():
 
 def test_predict_check_names_a_sum_of_limits():
     fn = lambda b, f, bw, p, o: b / bw + f / p + o  # noqa: E731
-    _fails(checks.check_predict_step, fn, "falla el caso 1", "no se suman", "más lento")
+    fails(checks.check_predict_step, fn, "falla el caso 1", "no se suman", "más lento")
 
 
 def test_predict_check_names_min_instead_of_max():
     fn = lambda b, f, bw, p, o: min(b / bw, f / p) + o  # noqa: E731
-    _fails(checks.check_predict_step, fn, "límite más rápido", "la memoria")
+    fails(checks.check_predict_step, fn, "límite más rápido", "la memoria")
 
 
 def test_predict_check_names_memory_only_on_a_compute_bound_step():
     fn = lambda b, f, bw, p, o: b / bw + o  # noqa: E731
-    _fails(checks.check_predict_step, fn, "falla el caso 2", "prefill", "el cómputo")
+    fails(checks.check_predict_step, fn, "falla el caso 2", "prefill", "el cómputo")
 
 
 def test_predict_check_names_a_forgotten_overhead():
     fn = lambda b, f, bw, p, o: max(b / bw, f / p)  # noqa: E731
-    _fails(checks.check_predict_step, fn, "falla el caso 1", "overhead_s")
+    fails(checks.check_predict_step, fn, "falla el caso 1", "overhead_s")
 
 
 # --- (c) departure batch -----------------------------------------------------------------------
@@ -185,16 +180,16 @@ def _departure(flag):
 def test_departure_check_names_the_index_instead_of_the_batch():
     def fn(batches, meas, pred, tol):
         return next((k for k, (m, p) in enumerate(zip(meas, pred)) if m > p * (1 + tol)), None)
-    _fails(checks.check_departure_batch, fn, "falla el caso 1", "posición en la lista")
+    fails(checks.check_departure_batch, fn, "falla el caso 1", "posición en la lista")
 
 
 def test_departure_check_names_absolute_tolerance():
-    _fails(checks.check_departure_batch, _departure(lambda m, p, t: m - p > t),
+    fails(checks.check_departure_batch, _departure(lambda m, p, t: m - p > t),
            "falla el caso 1", "relativa")
 
 
 def test_departure_check_names_greater_or_equal():
-    _fails(checks.check_departure_batch, _departure(lambda m, p, t: m >= p * (1 + t)),
+    fails(checks.check_departure_batch, _departure(lambda m, p, t: m >= p * (1 + t)),
            "falla el caso 5", "exactamente", "use >, no >=")
 
 
@@ -202,13 +197,13 @@ def test_departure_check_names_the_last_departure():
     def fn(batches, meas, pred, tol):
         hits = [b for b, m, p in zip(batches, meas, pred) if m > p * (1 + tol)]
         return hits[-1] if hits else None
-    _fails(checks.check_departure_batch, fn, "PRIMER")
+    fails(checks.check_departure_batch, fn, "PRIMER")
 
 
 def test_departure_check_requires_none_when_it_never_departs():
     def fn(batches, meas, pred, tol):
         return checks.reference_departure_batch(batches, meas, pred, tol) or -1
-    _fails(checks.check_departure_batch, fn, "falla el caso 2", "devuelva None")
+    fails(checks.check_departure_batch, fn, "falla el caso 2", "devuelva None")
 
 
 # --- shared behaviour --------------------------------------------------------------------------
