@@ -97,3 +97,9 @@ def evidence(statement: str, value: Any, unit: str, source: str = "computed",
     if volatile:
         item["volatile"] = True
     return item
+
+
+def timing_limitation(repeats: int) -> str:
+    """The limitation every lab that times things must state."""
+    return (f"Cada tiempo es la mediana de {repeats} repeticiones en una máquina compartida; "
+            "diferencias menores que ~15 % entre ejecuciones no son significativas.")

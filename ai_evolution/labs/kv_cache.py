@@ -20,7 +20,7 @@ from ..model import (MemoryBudget, dtype_bytes, get_preset, kv_bytes, kv_bytes_p
 from ..model.attention import ContiguousKVCache
 from ..model.checkpoint import load_pretrained, random_model
 from ..timing import fit_growth, step_times
-from .contract import evidence as _ev
+from .contract import evidence as _ev, timing_limitation
 from .registry import LabParamError, LabSpec, Param
 
 ARITHMETIC_PRESETS = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.3",
@@ -190,8 +190,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         f"Los tiempos se midieron con el modelo {cfg.name} ({es(param_count(cfg) / 1e6, 1)} M "
         "parámetros), cuyo paso está dominado por la sobrecarga por operación, no por el ancho de "
         "banda: las cifras absolutas no se trasladan a un modelo 7B en GPU.",
-        f"Cada tiempo es la mediana de {reps} repeticiones en una máquina compartida; diferencias "
-        "menores que ~15 % entre ejecuciones no son significativas.",
+        timing_limitation(reps),
         "El presupuesto de memoria ignora activaciones, buffers del framework y fragmentación; la "
         "memoria utilizable y la fracción de utilización son supuestos de entrada.",
         "La igualdad de tokens con y sin caché se comprobó en decodificación voraz y en "

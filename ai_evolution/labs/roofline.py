@@ -24,7 +24,7 @@ from ..model.attention import ContiguousKVCache
 from ..sim import (RooflineCostModel, decode_step_cost, departure_batch, ridge_point, step_cost,
                    time_floor_s)
 from ..timing import step_times
-from .contract import evidence as _ev
+from .contract import evidence as _ev, timing_limitation
 from .registry import LabParamError, LabSpec, Param
 
 MODELS = ("cpu-200m", "smollm2-135m", "qwen3-0.6b", "qwen2.5-0.5b", "tiny-es")
@@ -145,8 +145,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         "El ancho de banda se mide con una reducción (torch.sum); un producto matriz-vector frío "
         "puede leer algo más lento, así que la eficiencia no llega al 100 % aunque no haya "
         "sobrecarga.",
-        f"Cada tiempo es la mediana de {reps} repeticiones en una máquina compartida; diferencias "
-        "menores que ~15 % entre ejecuciones no son significativas.",
+        timing_limitation(reps),
         "La predicción usa el pico de una matmul cuadrada grande; las matmul con pocas filas de la "
         "decodificación no lo alcanzan, y eso es parte de lo que la curva muestra.",
     ]
