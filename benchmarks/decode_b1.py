@@ -6,7 +6,9 @@ Hugging Face ``generate`` on the same weights, measured side by side in one run.
 The figure of merit is a ratio, not a time: floor / measured step, where the floor is the bytes a
 decode step reads divided by the read bandwidth probed in this same run. Variants are interleaved
 rep by rep so that the shared machine's drift hits them alike. Target on CPU, fp32, ~200M
-params: >= 90 % of the floor.
+params: >= 90 % of the floor. The floor of a cold matrix-vector product (measured in the same run)
+is printed too: it is the best decode's matmuls can stream, so it separates "the GEMM kernel is
+slower than a reduction" from "the engine adds overhead".
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 import torch
 
 from ai_evolution.generation import generate
-from ai_evolution.hardware import measure_bandwidth
+from ai_evolution.hardware import measure_bandwidth, measure_decode_matmul
 from ai_evolution.model import get_preset, random_model
 from ai_evolution.sim import decode_step_cost, time_floor_s
 
@@ -71,12 +73,15 @@ def main(argv: list[str] | None = None) -> int:
                            generator=torch.Generator().manual_seed(0)).tolist()
     hf = None if args.no_hf else hf_model_from(model)
     cost = decode_step_cost(model.config, 1, args.prompt_len + args.new_tokens // 2, dtype="fp32")
-    rows: dict[str, list[float]] = {"bandwidth_gbps": [], "ours_ms": [], "hf_ms": []}
+    rows: dict[str, list[float]] = {"bandwidth_gbps": [], "gemv_gbps": [], "ours_ms": [], "hf_ms": []}
     ours_step_s(model, prompt, 4)  # warm-up
     if hf is not None:
         hf_step_s(hf, prompt, 4)
     for rep in range(args.reps):
         rows["bandwidth_gbps"].append(measure_bandwidth(kind="read", repeats=3, progress=False).median)
+        # What a cold matrix-vector product streams: the rate decode's matmuls can reach at best.
+        gemv = measure_decode_matmul(rows=(1,), repeats=3, progress=False)[0]
+        rows["gemv_gbps"].append(gemv.params["weight_gbps"])
         rows["ours_ms"].append(ours_step_s(model, prompt, args.new_tokens) * 1e3)
         if hf is not None:
             rows["hf_ms"].append(hf_step_s(hf, prompt, args.new_tokens) * 1e3)
@@ -87,13 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     floor_ms = time_floor_s(cost.bytes, bw) * 1e3
     print(f"\nmodel {args.model}: {cost.bytes / 1e6:.1f} MB read per decode step (fp32), "
           f"threads {torch.get_num_threads()}")
+    gemv_bw = statistics.median(rows["gemv_gbps"]) * 1e9
+    gemv_floor_ms = time_floor_s(cost.bytes, gemv_bw) * 1e3
     print(f"read bandwidth (median of {args.reps}): {bw / 1e9:.1f} GB/s -> floor {floor_ms:.2f} ms/token")
-    print(f"{'variant':<24}{'step ms (median)':>18}{'range':>18}{'floor / step':>14}")
+    print(f"cold GEMV bandwidth: {gemv_bw / 1e9:.1f} GB/s -> floor {gemv_floor_ms:.2f} ms/token")
+    print(f"{'variant':<24}{'step ms (median)':>18}{'range':>14}{'floor / step':>14}{'GEMV floor / step':>19}")
     for key, label in (("ours_ms", "ai_evolution"), ("hf_ms", "transformers generate")):
         if rows[key]:
             med = statistics.median(rows[key])
-            print(f"{label:<24}{med:>18.2f}{f'{min(rows[key]):.1f}-{max(rows[key]):.1f}':>18}"
-                  f"{floor_ms / med:>13.0%}")
+            print(f"{label:<24}{med:>18.2f}{f'{min(rows[key]):.1f}-{max(rows[key]):.1f}':>14}"
+                  f"{floor_ms / med:>14.0%}{gemv_floor_ms / med:>19.0%}")
     if rows["hf_ms"]:
         print(f"speed ratio ai_evolution / transformers: "
               f"{statistics.median(rows['hf_ms']) / statistics.median(rows['ours_ms']):.2f}x")
