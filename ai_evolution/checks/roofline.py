@@ -10,7 +10,7 @@ Three exercises, each checked against the library's cost model (``ai_evolution.s
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
