@@ -73,7 +73,7 @@ def generate(model: Transformer, prompt_ids: Sequence[int] | Sequence[Sequence[i
         tokens = None
         for step in range(max_new_tokens):
             logits = next_logits(tokens)                                   # [B, V]
-            tokens = _pick(logits.float(), temperature, top_k, top_p, generator).tolist()
+            tokens = pick_tokens(logits.float(), temperature, top_k, top_p, generator).tolist()
             reported: list[int | None] = []
             for i, t in enumerate(tokens):
                 if done[i]:
@@ -171,7 +171,7 @@ def _cached_stepper(model: Transformer, prompts: list[list[int]], kv: Contiguous
     return next_logits
 
 
-def _pick(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
+def pick_tokens(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
           generator: torch.Generator | None) -> Tensor:
     """One token per row from float32 logits ``[B, V]`` -> ``[B]``."""
     if temperature == 0:

@@ -199,6 +199,8 @@ class Transformer(nn.Module):
         row). Without ``kv_cache`` the T tokens attend causally to each other only. With it, every
         layer calls ``(attn_fn or cached_attention)(q, k, v, k_cache_i, v_cache_i, positions)``,
         which stores the new K/V in the cache and attends to everything up to each position.
+        Any object with ``layer(i) -> (k, v)`` can stand for the cache when ``attn_fn`` knows
+        its layout (the engine passes its slot cache with ``B = 1`` and all tokens in a row).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
@@ -209,7 +211,7 @@ class Transformer(nn.Module):
             raise ValueError(f"positions has shape {tuple(positions.shape)}; expected {(B, T)}")
         if kv_cache is None and attn_fn is not None:
             raise ValueError("attn_fn is only used with a kv_cache; pass kv_cache= as well")
-        if kv_cache is not None and kv_cache.batch_size != B:
+        if isinstance(kv_cache, ContiguousKVCache) and kv_cache.batch_size != B:
             raise ValueError(f"kv_cache has batch_size={kv_cache.batch_size} but input_ids has {B} rows")
         attn_fn = attn_fn or cached_attention
         x = self.model.embed_tokens(input_ids)                            # [B, T, hidden]

@@ -3,11 +3,12 @@
 A step runs some sequences forward by a few tokens each: a decode adds 1 token, a prefill chunk
 adds many. Its cost on a machine with bandwidth ``BW`` (bytes/s) and peak ``P`` (FLOP/s) is
 
-    t = max(bytes / BW, flops / P) + overhead
+    t = max(bytes / BW, flops / P) + overhead + overhead_per_seq x sequences
 
 where *bytes* are the weights read once per step (shared by every sequence in the batch) plus each
 sequence's KV cache, and *flops* are 2 per matmul weight per token plus attention. ``overhead``
-is what a real engine adds on top (kernel launches, Python), fitted to a measured step.
+is what a real engine adds on top (kernel launches, Python), fitted to a measured step; the
+optional per-sequence term is the bookkeeping an engine does for each request in the batch.
 
     weights read per step (untied embeddings)        weights read per step (tied)
     +-------------------+--------------+             +-------------------------------+
@@ -50,6 +51,7 @@ class StepCost:
     flops: float
     weight_bytes: float
     kv_bytes: float
+    num_seqs: int = 1
 
     @property
     def bytes(self) -> float:
@@ -80,7 +82,8 @@ def step_cost(config: ModelConfig, query_lens: Sequence[int], context_lens: Sequ
     attn_flops = 4 * config.num_layers * config.num_heads * config.head_dim * attended
     kv_b = kv_bytes_per_token(config, dtype if kv_dtype is None else kv_dtype) * sum(context_lens)
     return StepCost(flops=2 * matmul_params(config) * tokens + attn_flops,
-                    weight_bytes=weight_bytes_read(config, dtype, tokens), kv_bytes=kv_b)
+                    weight_bytes=weight_bytes_read(config, dtype, tokens), kv_bytes=kv_b,
+                    num_seqs=len(query_lens))
 
 
 def decode_step_cost(config: ModelConfig, batch_size: int = 1, context_len: int = 0,
@@ -112,17 +115,20 @@ def efficiency(floor_s: float, measured_s: float) -> float:
 
 @dataclass(frozen=True)
 class RooflineCostModel:
-    """``t = max(bytes / bandwidth, flops / peak) + overhead`` for one step."""
+    """``t = max(bytes / bandwidth, flops / peak) + overhead + overhead_per_seq x sequences``."""
 
     bandwidth_bytes_per_s: float
     peak_flops: float
     overhead_s: float = 0.0
     name: str = ""
+    overhead_per_seq_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.bandwidth_bytes_per_s <= 0 or self.peak_flops <= 0 or self.overhead_s < 0:
-            raise ValueError(f"bandwidth and peak must be > 0 and overhead >= 0, got "
-                             f"{self.bandwidth_bytes_per_s}, {self.peak_flops}, {self.overhead_s}")
+        if (self.bandwidth_bytes_per_s <= 0 or self.peak_flops <= 0 or self.overhead_s < 0
+                or self.overhead_per_seq_s < 0):
+            raise ValueError(f"bandwidth and peak must be > 0 and overheads >= 0, got "
+                             f"{self.bandwidth_bytes_per_s}, {self.peak_flops}, {self.overhead_s}, "
+                             f"{self.overhead_per_seq_s}")
 
     @classmethod
     def from_device_spec(cls, spec, dtype: str = "bf16") -> "RooflineCostModel":
@@ -140,7 +146,7 @@ class RooflineCostModel:
         return max(cost.bytes / self.bandwidth_bytes_per_s, cost.flops / self.peak_flops)
 
     def step_time_s(self, cost: StepCost) -> float:
-        return self.roofline_s(cost) + self.overhead_s
+        return self.roofline_s(cost) + self.overhead_s + self.overhead_per_seq_s * cost.num_seqs
 
     def calibrated(self, cost: StepCost, measured_s: float) -> "RooflineCostModel":
         """The same machine with ``overhead`` fitted so that ``cost`` takes ``measured_s``.
@@ -148,7 +154,8 @@ class RooflineCostModel:
         A measurement faster than the roofline (a cache-resident model, or an optimistic
         bandwidth) gives zero overhead rather than a negative one.
         """
-        return replace(self, overhead_s=max(0.0, measured_s - self.roofline_s(cost)))
+        extra = self.overhead_per_seq_s * cost.num_seqs
+        return replace(self, overhead_s=max(0.0, measured_s - self.roofline_s(cost) - extra))
 
 
 def departure_batch(batch_sizes: Sequence[int], measured_s: Sequence[float],
@@ -173,3 +180,37 @@ def departure_batch(batch_sizes: Sequence[int], measured_s: Sequence[float],
         if m > p * (1 + tolerance):
             return int(b)
     return None
+
+
+def fit_cost_model(costs: Sequence[StepCost], measured_s: Sequence[float],
+                   bandwidth_bytes_per_s: float, name: str = "calibrated") -> RooflineCostModel:
+    """Fit an *effective* ``peak`` and the two overheads to measured steps, bandwidth fixed.
+
+    For each candidate peak on a log grid (10^6..10^16 FLOP/s), ``overhead`` and
+    ``overhead_per_seq`` come from a least-squares fit of ``measured - roofline`` against the
+    number of sequences, weighted for relative error (both clipped at 0); the candidate with the
+    smallest root-mean-square relative error wins. On a CPU, where decode-shaped matmuls of 8-32
+    rows cost far more per byte than one row, the fitted peak is what lets the model follow the
+    batching curve: a property of this machine and these shapes, not a datasheet number.
+    """
+    if len(costs) != len(measured_s) or not costs:
+        raise ValueError("costs and measured_s must be non-empty and of the same length")
+    measured = torch.tensor(list(measured_s), dtype=torch.float64)
+    if bool((measured <= 0).any()):
+        raise ValueError("measured step times must be > 0")
+    seqs = torch.tensor([float(c.num_seqs) for c in costs], dtype=torch.float64)
+    w = 1 / measured
+    design = torch.stack([torch.ones_like(seqs), seqs], dim=1) * w[:, None]
+    best = None
+    for peak in torch.logspace(6, 16, 401, dtype=torch.float64).tolist():
+        roof = torch.tensor([max(c.bytes / bandwidth_bytes_per_s, c.flops / peak) for c in costs],
+                            dtype=torch.float64)
+        coef = torch.linalg.lstsq(design, (measured - roof) * w).solution
+        fixed, per_seq = max(0.0, float(coef[0])), max(0.0, float(coef[1]))
+        if len(set(seqs.tolist())) == 1:  # one batch size: the two overheads are one number
+            fixed, per_seq = max(0.0, float(((measured - roof) * w).sum() / w.sum())), 0.0
+        err = float((((roof + fixed + per_seq * seqs - measured) / measured) ** 2).mean().sqrt())
+        if best is None or err < best[0]:
+            best = (err, peak, fixed, per_seq)
+    return RooflineCostModel(bandwidth_bytes_per_s, best[1], best[2], name=name,
+                             overhead_per_seq_s=best[3])

@@ -1,0 +1,205 @@
+"""Requests, their sampling parameters, their states and what the engine returns for them.
+
+The names follow vLLM (``SamplingParams``, ``Request``, ``RequestOutput``) so that a student who
+opens vLLM later finds the same map. Every request carries its own timing record (arrival, first
+token, every token, finish), read from the executor's clock: wall time for the real model,
+simulated time for the simulator.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+class RequestRejected(ValueError):
+    """A request the engine refuses (bad prompt or parameters); the others keep being served."""
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"    # reached max_tokens, or the model's max length
+    STOP = "stop"        # produced a stop token (EOS or one of stop_token_ids)
+    ABORT = "abort"      # aborted by the caller
+    REJECTED = "rejected"  # never admitted: its input was invalid
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick the tokens of one request.
+
+    ``temperature == 0`` is greedy; otherwise sample from ``softmax(logits / temperature)``
+    restricted to ``top_k`` tokens and to the nucleus ``top_p``, with a generator seeded by
+    ``seed`` (same seed, same tokens, whatever else shares the batch). Generation ends after
+    ``max_tokens`` tokens, or at a stop token (the model's EOS and ``stop_token_ids``) unless
+    ``ignore_eos`` (which ignores EOS but still honours ``stop_token_ids``).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        problems = self.problems()
+        if problems:
+            raise RequestRejected("; ".join(problems))
+
+    def problems(self, vocab_size: int | None = None) -> list[str]:
+        """Spanish descriptions of every invalid field (empty when all are valid)."""
+        out = []
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            out.append(f"max_tokens debe ser un entero >= 1; se recibió {self.max_tokens!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
+            out.append(f"temperature debe ser un número finito >= 0 (0 = voraz); se recibió {t!r}")
+        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
+            out.append(f"top_k debe ser un entero >= 1 o None; se recibió {self.top_k!r}")
+        if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real)
+                                       or not 0 < self.top_p <= 1):
+            out.append(f"top_p debe estar en (0, 1] o ser None; se recibió {self.top_p!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            out.append(f"seed debe ser un entero o None; se recibió {self.seed!r}")
+        for t in self.stop_token_ids:
+            if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
+                hi = "" if vocab_size is None else f"..{vocab_size - 1}"
+                out.append(f"stop_token_ids contiene {t!r}, que no es un token del vocabulario "
+                           f"(enteros 0{hi})")
+        return out
+
+
+@dataclass
+class Request:
+    """One prompt on its way through the engine.
+
+    ``num_computed_tokens`` counts the tokens whose K/V are in the cache; the scheduler compares
+    it with ``num_tokens`` (prompt + generated) to know whether the request needs a prefill (many
+    tokens) or a decode (one token).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float = 0.0
+    eos_token_id: int | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    # Timing record, in the executor's clock (seconds).
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_time: float | None = None
+    generator: torch.Generator | None = field(default=None, repr=False)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def stop_ids(self) -> set[int]:
+        ids = set(self.sampling_params.stop_token_ids)
+        if self.eos_token_id is not None and not self.sampling_params.ignore_eos:
+            ids.add(self.eos_token_id)
+        return ids
+
+    # --- timing metrics (None until they exist) ---------------------------------------------
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token: arrival -> first token."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def itls(self) -> list[float]:
+        """Inter-token latencies: the gaps between consecutive tokens."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (last - first) / (n - 1)."""
+        n = len(self.token_times)
+        return None if n < 2 else (self.token_times[-1] - self.token_times[0]) / (n - 1)
+
+    @property
+    def e2e_latency(self) -> float | None:
+        """Arrival -> finish."""
+        return None if self.finish_time is None else self.finish_time - self.arrival_time
+
+
+@dataclass
+class RequestOutput:
+    """What ``LLM.generate`` and ``LLMEngine.step`` report for one request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    finished: bool
+    finish_reason: FinishReason | None = None
+    text: str | None = None
+    error: str | None = None
+    metrics: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, req: Request, text: str | None = None) -> "RequestOutput":
+        return cls(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
+                   req.is_finished, req.finish_reason, text, None, request_metrics(req))
+
+
+def request_metrics(req: Request) -> dict:
+    """The request's timing record as plain numbers (seconds; None where not reached yet)."""
+    return {"arrival_time": req.arrival_time, "first_token_time": req.first_token_time,
+            "finish_time": req.finish_time, "ttft": req.ttft, "tpot": req.tpot,
+            "e2e_latency": req.e2e_latency, "num_prompt_tokens": req.num_prompt_tokens,
+            "num_output_tokens": len(req.output_token_ids)}
+
+
+def validate_prompt(prompt_token_ids: Sequence[int], vocab_size: int, max_model_len: int) -> list[int]:
+    """The prompt as a list of ints, or ``RequestRejected`` naming what is wrong (in Spanish)."""
+    if isinstance(prompt_token_ids, torch.Tensor):
+        prompt_token_ids = prompt_token_ids.tolist()
+    if isinstance(prompt_token_ids, (str, bytes)):
+        raise RequestRejected("el prompt debe ser una lista de ids de token; para texto, crea el LLM "
+                              "con un tokenizador (LLM('tiny-es') lo trae)")
+    ids = list(prompt_token_ids)
+    if not ids:
+        raise RequestRejected("el prompt está vacío: hace falta al menos un token")
+    for j, t in enumerate(ids):
+        if not _is_int(t) or not 0 <= t < vocab_size:
+            raise RequestRejected(f"el token {j} del prompt ({t!r}) no está en el vocabulario "
+                                  f"(enteros 0..{vocab_size - 1})")
+    if len(ids) >= max_model_len:
+        raise RequestRejected(f"el prompt tiene {len(ids)} tokens y max_model_len es "
+                              f"{max_model_len}: no queda sitio para generar ni uno (máximo "
+                              f"{max_model_len - 1} tokens de prompt)")
+    return [int(t) for t in ids]

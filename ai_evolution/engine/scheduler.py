@@ -1,0 +1,228 @@
+"""The scheduler decides *what* runs at each step; an executor runs it.
+
+At every step the scheduler asks its **policy** which requests leave the batch and which join
+it, applies that plan to the KV cache (freeing and reserving rows), and hands the executor a
+``SchedulerOutput``: which requests run and how many tokens each. The same object drives the
+real model (``engine.runner.ModelRunner``) and the simulator (``sim.executor.SimExecutor``).
+
+Policies are plain functions ``policy(running, waiting, max_num_seqs) -> BatchPlan``:
+
+- ``static_batching``: a batch is formed from the waiting queue and held until its last member
+  finishes; finished members keep their KV rows (idle) until then, and nobody joins meanwhile.
+- ``continuous_batching`` (Orca's iteration-level scheduling): at every step, finished members
+  leave at once and waiting requests join up to ``max_num_seqs``.
+
+A step runs, in one forward pass, the whole prompt of every request that has just joined
+(prefill) and one token of every other running request (decode): prefill is batched *with*
+decode, as Orca does. Chapter 5 replaces this with a token budget and chunked prefill.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .kv_cache import ContiguousSlots
+from .request import FinishReason, Request, RequestStatus
+
+
+class PolicyError(ValueError):
+    """A policy returned a plan the scheduler cannot apply (the message says why, in Spanish)."""
+
+
+@dataclass
+class BatchPlan:
+    """What changes in the batch before this step: ``retire`` leave, ``admit`` join (in order)."""
+
+    retire: list[Request] = field(default_factory=list)
+    admit: list[Request] = field(default_factory=list)
+
+
+Policy = Callable[[Sequence[Request], Sequence[Request], int], BatchPlan]
+
+
+def static_batching(running: Sequence[Request], waiting: Sequence[Request],
+                    max_num_seqs: int) -> BatchPlan:
+    """Hold the batch until every member has finished; then replace it by the next one."""
+    if any(not r.is_finished for r in running):
+        return BatchPlan()
+    return BatchPlan(retire=list(running), admit=list(waiting[:max_num_seqs]))
+
+
+def continuous_batching(running: Sequence[Request], waiting: Sequence[Request],
+                        max_num_seqs: int) -> BatchPlan:
+    """Retire every finished request and fill the freed places from the queue, first come first."""
+    retire = [r for r in running if r.is_finished]
+    free = max_num_seqs - (len(running) - len(retire))
+    return BatchPlan(retire=retire, admit=list(waiting[:free]))
+
+
+POLICIES: dict[str, Policy] = {"static": static_batching, "continuous": continuous_batching}
+
+
+def resolve_policy(policy: str | Policy) -> tuple[str, Policy]:
+    if callable(policy):
+        return getattr(policy, "__name__", "custom"), policy
+    if policy not in POLICIES:
+        raise ValueError(f"política {policy!r} desconocida; aceptadas: {', '.join(POLICIES)} "
+                         f"o una función policy(running, waiting, max_num_seqs) -> BatchPlan")
+    return policy, POLICIES[policy]
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request in this step: compute ``num_tokens`` tokens starting at position ``start``."""
+
+    request: Request
+    slot: int
+    start: int
+    num_tokens: int
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.request.all_token_ids[self.start:self.start + self.num_tokens]
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.start < self.request.num_prompt_tokens
+
+    @property
+    def context_len(self) -> int:
+        """Tokens in the cache once this step has run."""
+        return self.start + self.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    scheduled: list[ScheduledRequest]
+    admitted: list[str]
+    retired: list[str]
+    slots: dict[str, int]  # every request holding a KV row after the plan, finished ones included
+    num_slots: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """FCFS queue + running batch + KV placement, driven by a batching policy."""
+
+    def __init__(self, max_num_seqs: int, max_model_len: int, policy: str | Policy = "continuous",
+                 kv: ContiguousSlots | None = None) -> None:
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs debe ser un entero >= 1; se recibió {max_num_seqs!r}")
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.policy_name, self.policy = resolve_policy(policy)
+        self.kv = kv if kv is not None else ContiguousSlots(max_num_seqs, max_model_len)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # holders of a KV row, in join order
+        self._step = 0
+
+    # --- queue ---------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def abort_request(self, request_id: str, now: float) -> Request | None:
+        for r in list(self.waiting) + self.running:
+            if r.request_id == request_id and not r.is_finished:
+                if r in self.waiting:
+                    self.waiting.remove(r)
+                self._finish(r, FinishReason.ABORT, now)
+                return r
+        return None
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting) or any(not r.is_finished for r in self.running)
+
+    # --- one step ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Apply the policy's plan, then list every unfinished running request's work."""
+        running, waiting = list(self.running), list(self.waiting)
+        plan = self.policy(tuple(running), tuple(waiting), self.max_num_seqs)
+        self._check_plan(plan, running, waiting)
+        for r in plan.retire:
+            self.running.remove(r)
+            self.kv.free(r)
+        for r in plan.admit:
+            self.kv.allocate(r)
+            self.waiting.remove(r)
+            self.running.append(r)
+            r.status = RequestStatus.RUNNING
+        scheduled = [ScheduledRequest(r, self.kv.slot_of(r.request_id), r.num_computed_tokens,
+                                      r.num_tokens - r.num_computed_tokens)
+                     for r in self.running if not r.is_finished]
+        out = SchedulerOutput(self._step, scheduled, [r.request_id for r in plan.admit],
+                              [r.request_id for r in plan.retire], self.kv.owners, self.kv.num_slots)
+        if scheduled:
+            self._step += 1
+        return out
+
+    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int],
+                           now: float) -> list[Request]:
+        """Record the step's new tokens at time ``now``; return the requests that finished."""
+        finished = []
+        for s in output.scheduled:
+            r = s.request
+            r.num_computed_tokens = s.context_len
+            if r.num_computed_tokens < r.num_tokens:  # a prompt chunk that samples nothing
+                continue
+            token = sampled[r.request_id]
+            r.output_token_ids.append(token)
+            r.token_times.append(now)
+            if r.first_token_time is None:
+                r.first_token_time = now
+            if token in r.stop_ids():
+                self._finish(r, FinishReason.STOP, now)
+            elif len(r.output_token_ids) >= r.sampling_params.max_tokens or r.num_tokens >= self.max_model_len:
+                self._finish(r, FinishReason.LENGTH, now)
+            if r.is_finished:
+                finished.append(r)
+        return finished
+
+    @staticmethod
+    def _finish(r: Request, reason: FinishReason, now: float) -> None:
+        r.status = RequestStatus.FINISHED
+        r.finish_reason = reason
+        r.finish_time = now
+
+    def _check_plan(self, plan, running: list[Request], waiting: list[Request]) -> None:
+        """Refuse a plan that would lose a request, duplicate one or overfill the batch."""
+        if not isinstance(plan, BatchPlan):
+            raise PolicyError(f"la política debe devolver un BatchPlan(retire=[...], admit=[...]); "
+                              f"devolvió {type(plan).__name__}")
+        ids = lambda rs: [r.request_id for r in rs]  # noqa: E731
+        for name, group, pool, where in (("retire", plan.retire, running, "el lote (running)"),
+                                         ("admit", plan.admit, waiting, "la cola (waiting)")):
+            if len(set(ids(group))) != len(group):
+                raise PolicyError(f"{name} repite alguna petición: {ids(group)}")
+            pool_ids = set(ids(pool))
+            stray = [i for i in ids(group) if i not in pool_ids]
+            if stray:
+                raise PolicyError(f"{name} contiene {stray}, que no están en {where}; "
+                                  f"en {where} están {ids(pool)}")
+        early = [r.request_id for r in plan.retire if not r.is_finished]
+        if early:
+            raise PolicyError(f"retire contiene {early}, que aún no han terminado: retirarlas "
+                              f"perdería su trabajo (solo se retiran peticiones con is_finished)")
+        size = len(running) - len(plan.retire) + len(plan.admit)
+        if size > self.max_num_seqs:
+            raise PolicyError(f"tras el plan el lote tendría {size} peticiones y max_num_seqs es "
+                              f"{self.max_num_seqs} ({len(running)} en el lote - {len(plan.retire)} "
+                              f"retiradas + {len(plan.admit)} admitidas)")
+        free_after = self.kv.num_free + len(plan.retire)
+        if len(plan.admit) > free_after:
+            raise PolicyError(f"se admiten {len(plan.admit)} peticiones pero solo quedarían "
+                              f"{free_after} filas libres en la caché KV")

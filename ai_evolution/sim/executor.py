@@ -1,0 +1,59 @@
+"""The simulator's executor: the engine's scheduler decides, the roofline cost model times.
+
+``SimExecutor`` has the same three calls as ``engine.runner.ModelRunner`` (``now``,
+``idle_until``, ``execute``), so an ``LLMEngine`` built with it runs the *same* scheduler and KV
+placement, and fills the *same* timing records, but every step advances a simulated clock by
+
+    t = max(bytes / bandwidth, flops / peak) + overhead
+
+for exactly the tokens and contexts the scheduler chose. No model runs: the sampled token is a
+placeholder (``SIM_TOKEN``), so simulated requests should set ``ignore_eos`` and end by
+``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..model import ModelConfig
+from .cost_model import RooflineCostModel, step_cost
+
+SIM_TOKEN = 0
+
+
+class SimExecutor:
+    """Simulated time for a ``config`` on a machine described by ``cost_model``."""
+
+    def __init__(self, config: ModelConfig, cost_model: RooflineCostModel,
+                 dtype: str | torch.dtype = "bf16", kv_dtype: str | torch.dtype | None = None) -> None:
+        self.config = config
+        self.cost_model = cost_model
+        self.dtype, self.kv_dtype = dtype, kv_dtype
+        self.clock = 0.0
+        self.step_times: list[float] = []
+
+    def now(self) -> float:
+        return self.clock
+
+    def idle_until(self, t: float) -> None:
+        self.clock = max(self.clock, t)
+
+    def step_time_s(self, query_lens: list[int], context_lens: list[int]) -> float:
+        return self.cost_model.step_time_s(step_cost(self.config, query_lens, context_lens,
+                                                     self.dtype, self.kv_dtype))
+
+    def execute(self, out) -> dict[str, int]:
+        dt = self.step_time_s([s.num_tokens for s in out.scheduled],
+                              [s.context_len for s in out.scheduled])
+        self.clock += dt
+        self.step_times.append(dt)
+        return {s.request_id: SIM_TOKEN for s in out.scheduled
+                if s.context_len == s.request.num_tokens}
+
+
+def sim_engine(config: ModelConfig, cost_model: RooflineCostModel, max_num_seqs: int,
+               max_model_len: int, policy="continuous", dtype: str | torch.dtype = "bf16"):
+    """An ``LLMEngine`` whose scheduler is the real one and whose executor is simulated."""
+    from ..engine import LLMEngine, Scheduler
+    return LLMEngine(Scheduler(max_num_seqs, max_model_len, policy),
+                     SimExecutor(config, cost_model, dtype), config.vocab_size)
