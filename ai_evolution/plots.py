@@ -82,3 +82,133 @@ def batching_curve_figure(batch_sizes, measured_ms, predicted_ms, departure: int
     fig.suptitle(f"Modelo {model_name}")
     fig.tight_layout()
     return fig
+
+
+def slot_timeline_figure(histories: dict, num_slots: int, max_steps: int | None = None):
+    """Which request holds each KV row at every step, one panel per policy.
+
+    Colored cell: the row's request ran this step (a dot marks its prefill); gray: the row is
+    held by a request that has already finished (static batching's idle slot); white: free.
+    ``histories`` maps a panel title to an engine ``history`` (list of ``StepRecord``).
+    """
+    from matplotlib.colors import ListedColormap
+
+    palette = plt.get_cmap("tab20").colors
+    fig, axes = plt.subplots(len(histories), 1, figsize=(10, 1.2 + 0.32 * num_slots * len(histories)),
+                             squeeze=False)
+    longest = max(len(h) for h in histories.values())
+    steps = min(longest, max_steps) if max_steps else longest
+    for ax, (title, history) in zip(axes[:, 0], histories.items()):
+        grid = np.full((num_slots, steps), -1)           # -1 free, -2 held idle, k >= 0 request
+        prefill_x, prefill_y = [], []
+        for x, rec in enumerate(history[:steps]):
+            for rid, slot in rec.slots.items():
+                grid[slot, x] = -2
+            for e in rec.scheduled:
+                grid[e.slot, x] = int(e.request_id) % len(palette) if e.request_id.isdigit() \
+                    else hash(e.request_id) % len(palette)
+                if e.is_prefill:
+                    prefill_x.append(x)
+                    prefill_y.append(e.slot)
+        colors = ListedColormap(["white", "0.75", *palette])
+        ax.imshow(grid + 2, cmap=colors, vmin=0, vmax=len(palette) + 1, aspect="auto",
+                  interpolation="nearest")
+        ax.scatter(prefill_x, prefill_y, s=6, color="black", label="prefill")
+        idle = (grid == -2).sum() / max(1, (grid != -1).sum())
+        ax.set(ylabel="fila de la caché", title=f"{title}: {len(history)} pasos, "
+               f"{es(100 * idle, 0)} % de filas reservadas ociosas")
+        ax.set_yticks(range(num_slots))
+    axes[-1, 0].set_xlabel("paso" + (f" (primeros {steps})" if steps < longest else ""))
+    fig.tight_layout()
+    return fig
+
+
+def batching_gain_figure(caps, measured_ratio, simulated_ratio, measured_label: str,
+                         simulated_label: str, simulated_caps=None):
+    """Throughput of continuous over static batching against the output-length cap."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.plot(caps, measured_ratio, "o-", color="tab:blue", label=measured_label)
+    ax.plot(simulated_caps if simulated_caps is not None else caps, simulated_ratio, "s--",
+            color="tab:orange", label=simulated_label)
+    ax.axhline(1, color="0.5", lw=1, ls=":")
+    ax.set_xscale("log", base=2)
+    all_caps = sorted(set(caps) | set(simulated_caps or []))
+    ax.set_xticks(all_caps, [str(c) for c in all_caps])
+    ax.yaxis.set_major_formatter(_COMMA)
+    ax.set(xlabel="tope de la longitud de salida (tokens; más tope, más dispersión)",
+           ylabel="rendimiento continuo / estático", title="Ganancia del batching continuo")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def latency_cdf_figure(latencies: dict, xlabel: str = "latencia de extremo a extremo (s)"):
+    """Empirical CDF of per-request latencies, one line per label."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for label, values in latencies.items():
+        v = np.sort(np.asarray(values, dtype=float))
+        ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=label)
+    ax.set(xlabel=xlabel, ylabel="fracción de peticiones", title="Distribución de la latencia")
+    decimal_comma(ax)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def block_table_figure(tables: dict, ref_counts: dict, block_size: int, title: str):
+    """Each request's block table: one row per request, one cell per logical block, labelled
+    with the physical block; blocks held by more than one request (prefix sharing) in orange."""
+    names = list(tables)
+    width = max(len(t) for t in tables.values())
+    fig, ax = plt.subplots(figsize=(min(14, 1.2 + 0.55 * width), 0.9 + 0.38 * len(names)))
+    for y, name in enumerate(names):
+        for x, block in enumerate(tables[name]):
+            shared = ref_counts.get(block, 1) > 1
+            ax.add_patch(plt.Rectangle((x, y), 0.95, 0.9, color="tab:orange" if shared else "tab:blue",
+                                       alpha=0.85))
+            ax.text(x + 0.47, y + 0.45, str(block), ha="center", va="center", color="white", fontsize=8)
+    ax.set_xlim(0, width)
+    ax.set_ylim(len(names), 0)
+    ax.set_yticks(np.arange(len(names)) + 0.45, names)
+    ax.set_xticks(np.arange(width) + 0.47, [str(i) for i in range(width)])
+    ax.set(xlabel=f"bloque lógico (de {block_size} tokens)", ylabel="petición", title=title)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color="tab:orange"),
+                       plt.Rectangle((0, 0), 1, 1, color="tab:blue")],
+              labels=["compartido (ref_cnt > 1)", "propio"], loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def utilization_figure(series: dict, title: str):
+    """Share of the reserved KV memory holding real tokens, step by step, one line per layout."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for label, values in series.items():
+        ax.plot(np.arange(len(values)), 100 * np.asarray(values), label=label)
+    ax.set(xlabel="paso", ylabel="memoria reservada con tokens (%)", title=title, ylim=(0, 105))
+    decimal_comma(ax)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def block_size_figure(sweep: list[dict]):
+    """Internal waste (last block's empty slots) and block-table size against the block size."""
+    bs = [r["block_size"] for r in sweep]
+    fig, ax1 = plt.subplots(figsize=(7, 3.6))
+    ax1.plot(bs, [100 * r["internal_waste"] for r in sweep], "o-", color="tab:red",
+             label="desperdicio interno (%)")
+    ax1.set_xscale("log", base=2)
+    ax1.set_xticks(bs, [str(b) for b in bs])
+    ax1.set(xlabel="tokens por bloque", ylabel="desperdicio interno (%)",
+            title="Tamaño de bloque: desperdicio frente a tamaño de la tabla")
+    ax2 = ax1.twinx()
+    ax2.plot(bs, [r["mean_table_entries"] for r in sweep], "s--", color="tab:blue",
+             label="entradas de la tabla por petición")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("entradas de la tabla por petición")
+    ax1.yaxis.set_major_formatter(_COMMA)
+    ax2.yaxis.set_major_formatter(_COMMA)
+    lines = ax1.get_lines() + ax2.get_lines()
+    ax1.legend(lines, [ln.get_label() for ln in lines], loc="center left", fontsize=8)
+    fig.tight_layout()
+    return fig

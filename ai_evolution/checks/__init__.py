@@ -57,3 +57,28 @@ def call_student(name: str, fn, *args, **kwargs):
         raise
     except Exception as err:  # noqa: BLE001 - any crash of student code is a finding
         return None, f"su función lanzó {type(err).__name__}: {err}"
+
+
+def check_student_extension(ext: dict, raise_on_fail: bool = True) -> CheckResult:
+    """The challenge's ``student_extension``: four keys, a measurement that holds numbers."""
+    name = "extensión del estudiante"
+    keys = ("assumption", "measurement", "conclusion", "limitation")
+    if not isinstance(ext, dict):
+        return finish(failed(name, 0, "estructura", f"se espera un dict, se obtuvo "
+                             f"{type(ext).__name__}."), raise_on_fail)
+    for i, key in enumerate(keys):
+        value = ext.get(key)
+        if value in (None, "", {}):
+            return finish(failed(name, i, f"clave {key!r}", "falta o está vacía.",
+                                 f"complete las cuatro claves: {', '.join(keys)}."), raise_on_fail)
+        if key != "measurement" and (not isinstance(value, str) or len(value.strip()) < 10):
+            return finish(failed(name, i, f"clave {key!r}", "debe ser una frase (texto de al "
+                                 "menos 10 caracteres)."), raise_on_fail)
+    measurement = ext["measurement"]
+    numbers = [v for v in (measurement.values() if isinstance(measurement, dict) else [measurement])
+               if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not numbers:
+        return finish(failed(name, len(keys), "clave 'measurement'", "no contiene ningún número "
+                             "medido.", "guarde los valores que midió, con su unidad en el "
+                             "nombre de la clave (por ejemplo 'cache_bytes')."), raise_on_fail)
+    return finish(passed(name, len(keys) + 1), raise_on_fail)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..model import ModelConfig, get_preset, kv_bytes_per_token, memory_budget
-from . import CheckResult, call_student, failed, finish, passed
+from . import CheckResult, call_student, check_student_extension, failed, finish, passed  # noqa: F401
 
 DTYPES = ("fp32", "fp16", "bf16", "int8")
 
@@ -234,27 +234,3 @@ def check_sequences_that_fit(fn: Callable, raise_on_fail: bool = True) -> CheckR
 
 
 # --- the challenge -----------------------------------------------------------------------------
-
-def check_student_extension(ext: dict, raise_on_fail: bool = True) -> CheckResult:
-    """The challenge's ``student_extension``: four keys, a measurement that holds numbers."""
-    name = "extensión del estudiante"
-    keys = ("assumption", "measurement", "conclusion", "limitation")
-    if not isinstance(ext, dict):
-        return finish(failed(name, 0, "estructura", f"se espera un dict, se obtuvo "
-                             f"{type(ext).__name__}."), raise_on_fail)
-    for i, key in enumerate(keys):
-        value = ext.get(key)
-        if value in (None, "", {}):
-            return finish(failed(name, i, f"clave {key!r}", "falta o está vacía.",
-                                 f"complete las cuatro claves: {', '.join(keys)}."), raise_on_fail)
-        if key != "measurement" and (not isinstance(value, str) or len(value.strip()) < 10):
-            return finish(failed(name, i, f"clave {key!r}", "debe ser una frase (texto de al "
-                                 "menos 10 caracteres)."), raise_on_fail)
-    measurement = ext["measurement"]
-    numbers = [v for v in (measurement.values() if isinstance(measurement, dict) else [measurement])
-               if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if not numbers:
-        return finish(failed(name, len(keys), "clave 'measurement'", "no contiene ningún número "
-                             "medido.", "guarde los valores que midió, con su unidad en el "
-                             "nombre de la clave (por ejemplo 'cache_bytes')."), raise_on_fail)
-    return finish(passed(name, len(keys) + 1), raise_on_fail)

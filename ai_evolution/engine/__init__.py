@@ -2,8 +2,9 @@
 cache layout and a model runner, in vLLM's vocabulary (``LLM``, ``SamplingParams``, ``Request``,
 ``Scheduler``, ``ModelRunner``)."""
 
-from .kv_cache import ContiguousSlots
-from .llm import LLM, Executor, LLMEngine, StepEntry, StepRecord
+from .block_pool import BlockPool, KVBlock
+from .kv_cache import ContiguousSlots, KVCacheManager, find_cached_prefix, hash_block
+from .llm import KV_LAYOUTS, LLM, Executor, LLMEngine, StepEntry, StepRecord, build_engine
 from .request import (FinishReason, Request, RequestOutput, RequestRejected, RequestStatus,
                       SamplingParams, request_metrics)
 from .runner import ModelRunner
@@ -11,6 +12,7 @@ from .scheduler import (POLICIES, BatchPlan, Policy, PolicyError, ScheduledReque
                         SchedulerOutput, continuous_batching, static_batching)
 
 __all__ = [
+    "BlockPool", "KVBlock", "KVCacheManager", "find_cached_prefix", "hash_block", "KV_LAYOUTS", "build_engine",
     "ContiguousSlots", "LLM", "Executor", "LLMEngine", "StepEntry", "StepRecord", "FinishReason", "Request",
     "RequestOutput", "RequestRejected", "RequestStatus", "SamplingParams", "request_metrics",
     "ModelRunner", "POLICIES", "BatchPlan", "Policy", "PolicyError", "ScheduledRequest",

@@ -8,6 +8,7 @@ timing record. ``LLM.generate`` is the vLLM-style shortcut that runs the loop to
 from __future__ import annotations
 
 import itertools
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol, Sequence
@@ -19,8 +20,9 @@ from ..model.decoder import Transformer
 from ..model.tokenizer import Tokenizer, load_tokenizer, shipped_names
 from .request import (FinishReason, Request, RequestOutput, RequestRejected, RequestStatus,
                       SamplingParams, validate_prompt)
+from .kv_cache import ContiguousSlots, KVCacheManager
 from .runner import ModelRunner
-from .scheduler import Policy, Scheduler, SchedulerOutput
+from .scheduler import Policy, PolicyError, Scheduler, SchedulerOutput
 
 
 class Executor(Protocol):
@@ -104,18 +106,41 @@ class LLMEngine:
         if problems:
             raise RequestRejected("; ".join(problems))
         prompt = validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
+        self._check_fits(len(prompt), params)
         if request_id is None:
             request_id = str(next(self._ids))
             while request_id in self.requests:
                 request_id = str(next(self._ids))
         elif request_id in self.requests:
-            raise RequestRejected(f"ya existe una petición con request_id={request_id!r}")
+            raise RequestRejected(f"ya existe una petición con request_id={request_id!r}; usa un "
+                                  "request_id que no esté en engine.requests, o None para que el "
+                                  "motor asigne uno")
         req = Request(str(request_id), prompt, params,
                       arrival_time=self.now() if arrival_time is None else arrival_time,
                       eos_token_id=self.eos_token_id)
         self.requests[req.request_id] = req
         self.scheduler.add_request(req)
         return req
+
+    def _check_fits(self, prompt_len: int, params: SamplingParams) -> None:
+        longest = min(prompt_len + params.max_tokens, self.max_model_len)
+        capacity = self.scheduler.kv.capacity_tokens
+        if longest > capacity:
+            raise RequestRejected(f"la petición puede llegar a {longest} tokens (prompt de "
+                                  f"{prompt_len} + max_tokens {params.max_tokens}) y la caché KV "
+                                  f"entera guarda {capacity}: no cabría ni sola")
+
+    def kv_usage(self) -> dict:
+        """KV memory accounting now: blocks total/used/cached-but-free, tokens vs reserved slots
+        (overall and per request), and, for paged KV, preemptions and prefix-cache hits."""
+        out = self.scheduler.kv.usage(self.requests)
+        out["num_preemptions"] = self.scheduler.num_preemptions
+        out["preempted_tokens"] = self.scheduler.preempted_tokens
+        if isinstance(self.scheduler.kv, KVCacheManager):
+            kv = self.scheduler.kv
+            out.update(prefix_hit_tokens=kv.hit_tokens, prefix_queried_tokens=kv.queried_tokens,
+                       evictions=kv.pool.evictions)
+        return out
 
     def abort_request(self, request_id: str) -> None:
         self.scheduler.abort_request(request_id, self.now())
@@ -126,7 +151,17 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, execute, record. Returns the requests that got a token."""
         out = self.scheduler.schedule()
+        # An empty step that retired or preempted someone changed the state: plan again.
+        for _ in range(4):
+            if not out.is_empty or not (out.retired or out.preempted):
+                break
+            out = self.scheduler.schedule()
         if out.is_empty:
+            if self.scheduler.has_unfinished_requests():
+                waiting = [r.request_id for r in self.scheduler.waiting]
+                raise PolicyError(f"la política {self.scheduler.policy_name!r} no dejó nada que "
+                                  f"ejecutar aunque hay peticiones pendientes (en cola: {waiting}); "
+                                  "el motor se quedaría parado para siempre")
             return []
         start = self.executor.now()
         for s in out.scheduled:
@@ -145,7 +180,19 @@ class LLMEngine:
     def run(self, arrivals: Sequence[tuple[float, Sequence[int], SamplingParams]] = ()) -> list[Request]:
         """Serve ``(arrival_time, prompt, params)`` online: each request is added when the clock
         reaches its arrival time (relative to now), and the loop runs until all have finished.
-        Returns the requests in the order given."""
+        Returns the requests in the order given. Every item is checked before anything runs: an
+        invalid one raises ``RequestRejected`` naming its index, and nothing is added."""
+        for i, (t, p, sp) in enumerate(arrivals):
+            try:
+                problems = sp.problems(self.vocab_size) if isinstance(sp, SamplingParams) else \
+                    [f"params debe ser un SamplingParams; se recibió {type(sp).__name__}"]
+                if problems:
+                    raise RequestRejected("; ".join(problems))
+                self._check_fits(len(validate_prompt(p, self.vocab_size, self.max_model_len)), sp)
+                if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
+                    raise RequestRejected(f"el instante de llegada debe ser >= 0; se recibió {t!r}")
+            except RequestRejected as err:
+                raise RequestRejected(f"llegada {i}: {err}") from None
         t0 = self.now()
         pending = sorted(((t0 + t, i, p, sp) for i, (t, p, sp) in enumerate(arrivals)),
                          key=lambda a: (a[0], a[1]))
@@ -173,17 +220,49 @@ def _as_model(model, dtype, device) -> Transformer:
                     f"or a checkpoint folder; got {type(model).__name__}")
 
 
+KV_LAYOUTS = ("contiguous", "paged")
+
+
+def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
+                 policy: str | Policy = "continuous", kv_layout: str = "contiguous",
+                 block_size: int = 16, num_blocks: int | None = None,
+                 enable_prefix_caching: bool = True, eos_token_id: int | None = None,
+                 kv=None) -> LLMEngine:
+    """An engine on the real model. ``kv_layout="contiguous"``: one ``max_model_len`` row per
+    request (``max_num_seqs`` rows). ``"paged"``: ``num_blocks`` blocks of ``block_size`` tokens
+    (default: the same memory as the contiguous rows), with optional prefix caching. ``kv``: a
+    ready KV manager (for example a ``KVCacheManager`` with a student's pool), used as given."""
+    if kv is not None:
+        pass
+    elif kv_layout == "contiguous":
+        kv = ContiguousSlots(max_num_seqs, max_model_len)
+    elif kv_layout == "paged":
+        if num_blocks is None:
+            num_blocks = max_num_seqs * -(-max_model_len // block_size)
+        kv = KVCacheManager(num_blocks, block_size, max_model_len, enable_prefix_caching)
+    else:
+        raise ValueError(f"kv_layout {kv_layout!r} desconocido; aceptados: {', '.join(KV_LAYOUTS)}")
+    if max_model_len > model.config.max_position_embeddings:
+        raise ValueError(f"max_model_len={max_model_len} supera las "
+                         f"{model.config.max_position_embeddings} posiciones del modelo")
+    scheduler = Scheduler(max_num_seqs, max_model_len, policy, kv=kv)
+    return LLMEngine(scheduler, ModelRunner.for_kv(model, kv), model.config.vocab_size, eos_token_id)
+
+
 class LLM:
     """``LLM("tiny-es").generate(["Hola"], SamplingParams(max_tokens=8))``, vLLM-style.
 
     ``policy`` is ``"continuous"`` (default), ``"static"`` or a policy function; ``max_num_seqs``
-    is the batch width and the number of KV rows; ``max_model_len`` the tokens a row holds
-    (default: the model's maximum).
+    is the batch width; ``max_model_len`` the longest request (default: the model's maximum).
+    ``kv_layout`` is ``"contiguous"`` (one row of ``max_model_len`` per request) or ``"paged"``
+    (``num_blocks`` blocks of ``block_size`` tokens, prefix caching unless disabled).
     """
 
     def __init__(self, model: str | Path | Transformer = "tiny-es", *, tokenizer: Tokenizer | str | None = None,
                  max_num_seqs: int = 8, max_model_len: int | None = None,
-                 policy: str | Policy = "continuous", dtype: torch.dtype | None = None,
+                 policy: str | Policy = "continuous", kv_layout: str = "contiguous",
+                 block_size: int = 16, num_blocks: int | None = None,
+                 enable_prefix_caching: bool = True, dtype: torch.dtype | None = None,
                  device: str | torch.device | None = None) -> None:
         self.model = _as_model(model, dtype, device)
         config = self.model.config
@@ -191,12 +270,13 @@ class LLM:
             tokenizer = model
         self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
         max_model_len = max_model_len or config.max_position_embeddings
-        scheduler = Scheduler(max_num_seqs, max_model_len, policy)
         eos = config.eos_token_id
         if eos is None and self.tokenizer is not None:
             eos = self.tokenizer.eos_token_id
-        self.engine = LLMEngine(scheduler, ModelRunner(self.model, max_num_seqs, max_model_len),
-                                config.vocab_size, eos)
+        self.engine = build_engine(self.model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                   policy=policy, kv_layout=kv_layout, block_size=block_size,
+                                   num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching,
+                                   eos_token_id=eos)
 
     def _encode(self, prompt) -> Sequence[int]:
         if isinstance(prompt, str):
@@ -212,8 +292,10 @@ class LLM:
         A prompt or parameter set that is invalid gets an output with ``error`` set and
         ``finish_reason == "rejected"``; the others are served normally.
         """
-        if isinstance(prompts, str) or (prompts and not isinstance(prompts[0], (str, list, tuple, torch.Tensor))):
-            prompts = [prompts]
+        if isinstance(prompts, torch.Tensor):  # one prompt [T], or a batch [B, T]
+            prompts = [prompts] if prompts.dim() <= 1 else list(prompts)
+        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], numbers.Integral)):
+            prompts = [prompts]  # one prompt of token ids
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
@@ -224,8 +306,12 @@ class LLM:
             try:
                 slots.append(self.engine.add_request(self._encode(prompt), params))
             except RequestRejected as e:
-                ids = list(prompt) if not isinstance(prompt, str) else []
-                slots.append(RequestOutput("rejected", ids, [], True, FinishReason.REJECTED, error=str(e)))
+                try:
+                    ids = [] if isinstance(prompt, str) else list(
+                        prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)
+                except TypeError:  # not a sequence at all (None, a number): nothing to echo
+                    ids = []
+                slots.append(RequestOutput(f"rejected-{len(slots)}", ids, [], True, FinishReason.REJECTED, error=str(e)))
         while self.engine.has_unfinished_requests():
             self.engine.step()
         self.engine.scheduler.schedule()  # retire the last finished requests
@@ -239,4 +325,4 @@ class LLM:
         return outputs
 
 
-__all__ = ["Executor", "LLM", "LLMEngine", "StepEntry", "StepRecord"]
+__all__ = ["Executor", "KV_LAYOUTS", "LLM", "LLMEngine", "StepEntry", "StepRecord", "build_engine"]

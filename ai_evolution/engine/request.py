@@ -81,9 +81,9 @@ class SamplingParams:
             out.append(f"seed debe ser un entero o None; se recibió {self.seed!r}")
         for t in self.stop_token_ids:
             if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
-                hi = "" if vocab_size is None else f"..{vocab_size - 1}"
+                accepted = ">= 0" if vocab_size is None else f"0..{vocab_size - 1}"
                 out.append(f"stop_token_ids contiene {t!r}, que no es un token del vocabulario "
-                           f"(enteros 0{hi})")
+                           f"(enteros {accepted})")
         return out
 
 
@@ -105,6 +105,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
     # Timing record, in the executor's clock (seconds).
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -191,7 +192,12 @@ def validate_prompt(prompt_token_ids: Sequence[int], vocab_size: int, max_model_
     if isinstance(prompt_token_ids, (str, bytes)):
         raise RequestRejected("el prompt debe ser una lista de ids de token; para texto, crea el LLM "
                               "con un tokenizador (LLM('tiny-es') lo trae)")
-    ids = list(prompt_token_ids)
+    try:
+        ids = list(prompt_token_ids)
+    except TypeError:
+        raise RequestRejected(f"el prompt debe ser una lista de ids de token (enteros "
+                              f"0..{vocab_size - 1}); se recibió {type(prompt_token_ids).__name__}"
+                              ) from None
     if not ids:
         raise RequestRejected("el prompt está vacío: hace falta al menos un token")
     for j, t in enumerate(ids):

@@ -5,11 +5,15 @@ linear layers (QKV, MLP, lm_head) run once over all of them: that is where batch
 the weights are read once per step for everybody. Attention cannot be shared that way (each
 request has its own past), so it is split per request, which is Orca's *selective batching*:
 
-- decode tokens (one per request) attend in one batched call over the KV rows they occupy;
-- each prefill attends causally over its own prompt.
+- decode tokens (one per request) attend in one batched call;
+- each prefill attends causally over its own prompt (and its cached prefix, if any).
 
-The K/V of the new tokens are written into the request's row of a ``ContiguousKVCache`` whose
-batch dimension is the engine's slots.
+The KV cache is one tensor per layer of ``num_blocks`` blocks of ``block_size`` tokens
+(``[num_blocks, Hkv, block_size, D]``). A request's block table says which blocks hold its
+tokens: token ``p`` is written at block ``table[p // block_size]``, offset ``p % block_size`` (the
+*slot mapping*), and read back by gathering the table's blocks in order (PagedAttention's
+reference algorithm, in plain PyTorch). The contiguous layout is the case of one block of
+``max_model_len`` tokens per request, read through views without any copy.
 """
 
 from __future__ import annotations
@@ -28,19 +32,29 @@ from .scheduler import SchedulerOutput
 
 
 class ModelRunner:
-    """Runs scheduled batches on ``model`` with a contiguous slot cache; wall-clock timing."""
+    """Runs scheduled batches on ``model`` over a block cache; wall-clock timing.
 
-    def __init__(self, model: Transformer, num_slots: int, max_model_len: int) -> None:
+    ``ModelRunner(model, num_blocks, block_size)``; for the contiguous layout of chapter 3 that is
+    ``(model, max_num_seqs, max_model_len)``: one block per request. ``for_kv(model, kv)``
+    sizes it from the scheduler's KV manager.
+    """
+
+    def __init__(self, model: Transformer, num_blocks: int, block_size: int) -> None:
         param = next(model.parameters())
         self.model = model.eval()
         self.device, self.dtype = param.device, param.dtype
-        if max_model_len > model.config.max_position_embeddings:
-            raise ValueError(f"max_model_len={max_model_len} exceeds the model's "
+        if block_size > model.config.max_position_embeddings:
+            raise ValueError(f"max_model_len={block_size} exceeds the model's "
                              f"max_position_embeddings={model.config.max_position_embeddings}")
-        self.cache = ContiguousKVCache(model.config, num_slots, max_model_len,
+        self.block_size = block_size
+        self.cache = ContiguousKVCache(model.config, num_blocks, block_size,
                                        dtype=self.dtype, device=self.device)
         self._layers = _SlotLayers(self.cache)
         self._t0 = time.perf_counter()
+
+    @classmethod
+    def for_kv(cls, model: Transformer, kv) -> "ModelRunner":
+        return cls(model, kv.num_blocks, kv.block_size)
 
     # --- clock (the engine reads every timestamp from its executor) ------------------------------
     def now(self) -> float:
@@ -57,16 +71,20 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> dict[str, int]:
         """Run the step's tokens; return the sampled token of every request that completed its
         pending tokens (all of them, until chapter 5 splits prompts into chunks)."""
-        ids, pos, slots, last = [], [], [], []
+        ids, pos, blocks, offsets, last = [], [], [], [], []
+        bs = self.block_size
         for s in out.scheduled:
             ids += s.token_ids
-            pos += range(s.start, s.context_len)
-            slots += [s.slot] * s.num_tokens
+            positions = range(s.start, s.context_len)
+            pos += positions
+            blocks += [s.block_ids[p // bs] for p in positions]   # the slot mapping
+            offsets += [p % bs for p in positions]
             last.append(len(ids) - 1)
         dev = self.device
         ids_t = torch.tensor(ids, device=dev)[None]                        # [1, N]
         pos_t = torch.tensor(pos, device=dev)[None]                        # [1, N]
-        attn = _SelectiveAttention(out, torch.tensor(slots, device=dev), pos_t[0])
+        attn = _SelectiveAttention(out, torch.tensor(blocks, device=dev),
+                                   torch.tensor(offsets, device=dev), bs)
         hidden = self.model.hidden_states(ids_t, pos_t, kv_cache=self._layers, attn_fn=attn)
         samples = [s for s, i in zip(out.scheduled, last) if s.context_len == s.request.num_tokens]
         rows = [i for s, i in zip(out.scheduled, last) if s.context_len == s.request.num_tokens]
@@ -102,50 +120,84 @@ class _SlotLayers:
 
 
 class _SelectiveAttention:
-    """``attn_fn`` for the flat row: masks built once per step, reused by every layer."""
+    """``attn_fn`` for the flat row: gathers and masks built once per step, reused by every layer."""
 
-    def __init__(self, out: SchedulerOutput, slot_of_token: Tensor, pos_of_token: Tensor) -> None:
-        self.slot_of_token, self.pos_of_token = slot_of_token, pos_of_token
-        dev = pos_of_token.device
-        decode = [(s.slot, s.start, i) for s, i in zip(out.scheduled, _offsets(out)) if s.num_tokens == 1]
-        self.prefills = [(s.slot, a, a + s.num_tokens, s.start)
-                         for s, a in zip(out.scheduled, _offsets(out)) if s.num_tokens > 1]
+    def __init__(self, out: SchedulerOutput, block_of_token: Tensor, offset_of_token: Tensor,
+                 block_size: int) -> None:
+        self.block_of_token, self.offset_of_token = block_of_token, offset_of_token
+        dev = block_of_token.device
+        offs = _offsets(out)
+        # prefills: (first flat index, last + 1, blocks to read, start position)
+        self.prefills = []
+        for s, a in zip(out.scheduled, offs):
+            if s.num_tokens > 1:
+                n_blocks = -(-s.context_len // block_size)
+                self.prefills.append((a, a + s.num_tokens, list(s.block_ids[:n_blocks]), s.start))
         self.masks = {}
-        for slot, a, b, p0 in self.prefills:
-            if p0:  # the chunk also sees the p0 tokens already cached
+        for a, b, _, p0 in self.prefills:
+            if p0:  # the new tokens also see the p0 tokens already cached
                 n = b - a
                 key = torch.arange(p0 + n, device=dev)
                 self.masks[a] = (key[None] <= (p0 + torch.arange(n, device=dev))[:, None])[None, None]
+        decode = [(s, a) for s, a in zip(out.scheduled, offs) if s.num_tokens == 1]
         self.decode = None
         if decode:
-            slot_d = torch.tensor([d[0] for d in decode], device=dev)
-            pos_d = torch.tensor([d[1] for d in decode], device=dev)
-            lo, hi = int(slot_d.min()), int(slot_d.max())
-            length = int(pos_d.max()) + 1
-            # Rows lo..hi of the cache are read in one call; rows that are not decoding this step
-            # get a dummy query that sees key 0 only, and their output is dropped.
-            mask = torch.zeros(hi - lo + 1, 1, 1, length, dtype=torch.bool, device=dev)
-            mask[..., 0] = True
-            mask[slot_d - lo, 0, 0] = torch.arange(length, device=dev)[None] <= pos_d[:, None]
-            self.decode = (torch.tensor([d[2] for d in decode], device=dev), slot_d - lo, lo, hi, length, mask)
+            idx = torch.tensor([a for _, a in decode], device=dev)
+            pos = torch.tensor([s.start for s, _ in decode], device=dev)
+            length = int(pos.max()) + 1
+            n_blocks = -(-length // block_size)
+            if n_blocks == 1:
+                # Everybody's tokens sit in the first block (always, with the contiguous layout):
+                # read the range of those blocks through a view; blocks in the range that are
+                # not decoding get a dummy query that sees key 0 only, dropped afterwards.
+                first = torch.tensor([s.block_ids[0] for s, _ in decode], device=dev)
+                lo, hi = int(first.min()), int(first.max())
+                rows = first - lo
+                mask = torch.zeros(hi - lo + 1, 1, 1, length, dtype=torch.bool, device=dev)
+                mask[..., 0] = True
+                mask[rows, 0, 0] = torch.arange(length, device=dev)[None] <= pos[:, None]
+                self.decode = (idx, rows, slice(lo, hi + 1), length, mask)
+            else:
+                # Gather each request's blocks (padded with its first block) into [B, ...].
+                table = torch.tensor([list(s.block_ids[:n_blocks]) +
+                                      [s.block_ids[0]] * (n_blocks - len(s.block_ids[:n_blocks]))
+                                      for s, _ in decode], device=dev)
+                mask = (torch.arange(length, device=dev)[None] <= pos[:, None])[:, None, None]
+                self.decode = (idx, torch.arange(len(decode), device=dev), table, length, mask)
+
+    @staticmethod
+    def _gather(cache: Tensor, blocks, length: int) -> Tensor:
+        """Blocks ``[..., n]`` of a layer cache ``[num_blocks, Hkv, bs, D]`` as one sequence
+        ``[..., Hkv, n * bs, D]`` cut to ``length`` tokens."""
+        g = cache[blocks]                                                  # [..., n, Hkv, bs, D]
+        g = g.transpose(-4, -3)                                            # [..., Hkv, n, bs, D]
+        return g.reshape(*g.shape[:-3], -1, g.shape[-1])[..., :length, :]
 
     def __call__(self, q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor,
                  positions: Tensor) -> Tensor:
-        # q [1, H, N, D]; k_new, v_new [1, Hkv, N, D]; caches [slots, Hkv, S, D]
-        k_cache[self.slot_of_token, :, self.pos_of_token] = k_new[0].transpose(0, 1).to(k_cache.dtype)
-        v_cache[self.slot_of_token, :, self.pos_of_token] = v_new[0].transpose(0, 1).to(v_cache.dtype)
+        # q [1, H, N, D]; k_new, v_new [1, Hkv, N, D]; caches [num_blocks, Hkv, block_size, D]
+        k_cache[self.block_of_token, :, self.offset_of_token] = k_new[0].transpose(0, 1).to(k_cache.dtype)
+        v_cache[self.block_of_token, :, self.offset_of_token] = v_new[0].transpose(0, 1).to(v_cache.dtype)
         out = torch.empty_like(q)
         if self.decode is not None:
-            idx, rows, lo, hi, length, mask = self.decode
-            qd = q.new_zeros(hi - lo + 1, q.shape[1], 1, q.shape[3])
+            idx, rows, where, length, mask = self.decode
+            if isinstance(where, slice):   # one block each: a view of the block range
+                kd, vd = k_cache[where, :, :length], v_cache[where, :, :length]
+                n_rows = where.stop - where.start
+            else:                          # paged: gather each request's blocks
+                kd, vd = self._gather(k_cache, where, length), self._gather(v_cache, where, length)
+                n_rows = len(idx)
+            qd = q.new_zeros(n_rows, q.shape[1], 1, q.shape[3])
             qd[rows] = q[0, :, idx].transpose(0, 1)[:, :, None]
-            od = F.scaled_dot_product_attention(qd, k_cache[lo:hi + 1, :, :length],
-                                                v_cache[lo:hi + 1, :, :length], attn_mask=mask,
-                                                enable_gqa=True)          # [rows, H, 1, D]
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=True)
             out[0, :, idx] = od[rows][:, :, 0].transpose(0, 1)
-        for slot, a, b, p0 in self.prefills:
+        for a, b, blocks, p0 in self.prefills:
             length = p0 + b - a
-            kc, vc = k_cache[slot:slot + 1, :, :length], v_cache[slot:slot + 1, :, :length]
+            if len(blocks) == 1:
+                kc, vc = k_cache[blocks[0]:blocks[0] + 1, :, :length], v_cache[blocks[0]:blocks[0] + 1, :, :length]
+            else:
+                kc = self._gather(k_cache, blocks, length)[None]
+                vc = self._gather(v_cache, blocks, length)[None]
             if p0:
                 o = F.scaled_dot_product_attention(q[:, :, a:b], kc, vc, attn_mask=self.masks[a],
                                                    enable_gqa=True)

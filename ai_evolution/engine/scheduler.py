@@ -15,6 +15,12 @@ Policies are plain functions ``policy(running, waiting, max_num_seqs) -> BatchPl
 A step runs, in one forward pass, the whole prompt of every request that has just joined
 (prefill) and one token of every other running request (decode): prefill is batched *with*
 decode, as Orca does. Chapter 5 replaces this with a token budget and chunked prefill.
+
+Memory: the plan's admissions are applied in order while the KV cache can hold them (the rest
+keep waiting, first come first served). With paged KV a running request may find no block for
+its next token; then the newest running request is **preempted by recompute**: its blocks are
+freed, its computed tokens forgotten, and it goes back to the head of the queue (whatever of its
+prefix is still cached is reused when it returns). A step that preempts admits nobody.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .kv_cache import ContiguousSlots
+from .kv_cache import ContiguousSlots, KVCacheManager
 from .request import FinishReason, Request, RequestStatus
 
 
@@ -72,16 +78,22 @@ def resolve_policy(policy: str | Policy) -> tuple[str, Policy]:
 
 @dataclass(frozen=True)
 class ScheduledRequest:
-    """One request in this step: compute ``num_tokens`` tokens starting at position ``start``."""
+    """One request in this step: compute ``num_tokens`` tokens starting at position ``start``,
+    whose K/V go to the blocks of ``block_ids`` (its whole block table)."""
 
     request: Request
-    slot: int
+    block_ids: tuple[int, ...]
     start: int
     num_tokens: int
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def slot(self) -> int:
+        """The first block: with the contiguous layout, the request's KV row."""
+        return self.block_ids[0]
 
     @property
     def token_ids(self) -> list[int]:
@@ -103,8 +115,9 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     admitted: list[str]
     retired: list[str]
-    slots: dict[str, int]  # every request holding a KV row after the plan, finished ones included
+    slots: dict[str, int]  # every request holding KV after the plan (finished ones too) -> first block
     num_slots: int
+    preempted: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -119,7 +132,7 @@ class Scheduler:
     """FCFS queue + running batch + KV placement, driven by a batching policy."""
 
     def __init__(self, max_num_seqs: int, max_model_len: int, policy: str | Policy = "continuous",
-                 kv: ContiguousSlots | None = None) -> None:
+                 kv: ContiguousSlots | KVCacheManager | None = None) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs debe ser un entero >= 1; se recibió {max_num_seqs!r}")
         self.max_num_seqs = max_num_seqs
@@ -127,8 +140,10 @@ class Scheduler:
         self.policy_name, self.policy = resolve_policy(policy)
         self.kv = kv if kv is not None else ContiguousSlots(max_num_seqs, max_model_len)
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # holders of a KV row, in join order
+        self.running: list[Request] = []  # holders of KV, in join order
         self._step = 0
+        self.num_preemptions = 0
+        self.preempted_tokens = 0  # computed tokens thrown away by preemption (to recompute)
 
     # --- queue ---------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -149,26 +164,55 @@ class Scheduler:
 
     # --- one step ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        """Apply the policy's plan, then list every unfinished running request's work."""
+        """Apply the policy's plan, find KV for every running request's new tokens (preempting
+        the newest running requests if memory is short), admit what fits, and list the work."""
         running, waiting = list(self.running), list(self.waiting)
         plan = self.policy(tuple(running), tuple(waiting), self.max_num_seqs)
         self._check_plan(plan, running, waiting)
         for r in plan.retire:
             self.running.remove(r)
             self.kv.free(r)
-        for r in plan.admit:
-            self.kv.allocate(r)
-            self.waiting.remove(r)
-            self.running.append(r)
-            r.status = RequestStatus.RUNNING
-        scheduled = [ScheduledRequest(r, self.kv.slot_of(r.request_id), r.num_computed_tokens,
+        preempted: list[Request] = []
+        for r in list(self.running):
+            if r.is_finished or r in preempted:
+                continue
+            while self.kv.allocate_slots(r, r.num_tokens - r.num_computed_tokens) is None:
+                victim = next(v for v in reversed(self.running) if not v.is_finished)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is r:
+                    break
+        admitted = []
+        if not preempted:  # a step that had to preempt admits nobody
+            for r in plan.admit:
+                hit = self.kv.get_computed_blocks(r)
+                if self.kv.allocate_slots(r, r.num_tokens - hit) is None:
+                    break  # FCFS: the rest wait behind it
+                r.num_computed_tokens = hit
+                self.waiting.remove(r)
+                self.running.append(r)
+                r.status = RequestStatus.RUNNING
+                admitted.append(r)
+        scheduled = [ScheduledRequest(r, tuple(self.kv.block_table(r.request_id)), r.num_computed_tokens,
                                       r.num_tokens - r.num_computed_tokens)
                      for r in self.running if not r.is_finished]
-        out = SchedulerOutput(self._step, scheduled, [r.request_id for r in plan.admit],
-                              [r.request_id for r in plan.retire], self.kv.owners, self.kv.num_slots)
+        out = SchedulerOutput(self._step, scheduled, [r.request_id for r in admitted],
+                              [r.request_id for r in plan.retire], self.kv.owners, self.kv.num_blocks,
+                              [r.request_id for r in preempted])
         if scheduled:
             self._step += 1
         return out
+
+    def _preempt(self, r: Request) -> None:
+        """Preemption by recompute: free its KV, forget what it computed, queue it first."""
+        self.running.remove(r)
+        self.kv.free(r)
+        self.num_preemptions += 1
+        self.preempted_tokens += r.num_computed_tokens
+        r.num_preemptions += 1
+        r.num_computed_tokens = 0
+        r.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(r)
 
     def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int],
                            now: float) -> list[Request]:
@@ -177,6 +221,7 @@ class Scheduler:
         for s in output.scheduled:
             r = s.request
             r.num_computed_tokens = s.context_len
+            self.kv.cache_full_blocks(r)
             if r.num_computed_tokens < r.num_tokens:  # a prompt chunk that samples nothing
                 continue
             token = sampled[r.request_id]
@@ -222,7 +267,3 @@ class Scheduler:
             raise PolicyError(f"tras el plan el lote tendría {size} peticiones y max_num_seqs es "
                               f"{self.max_num_seqs} ({len(running)} en el lote - {len(plan.retire)} "
                               f"retiradas + {len(plan.admit)} admitidas)")
-        free_after = self.kv.num_free + len(plan.retire)
-        if len(plan.admit) > free_after:
-            raise PolicyError(f"se admiten {len(plan.admit)} peticiones pero solo quedarían "
-                              f"{free_after} filas libres en la caché KV")

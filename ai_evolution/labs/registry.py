@@ -22,7 +22,9 @@ from .profiles import resolve_profile
 
 # kind -> module that defines SPEC and run(); modules are imported on first use.
 _LABS: dict[str, str] = {
+    "continuous_batching": "ai_evolution.labs.continuous_batching",
     "kv_cache": "ai_evolution.labs.kv_cache",
+    "paged_attention": "ai_evolution.labs.paged_attention",
     "roofline": "ai_evolution.labs.roofline",
 }
 

@@ -196,8 +196,10 @@ def fit_cost_model(costs: Sequence[StepCost], measured_s: Sequence[float],
     if len(costs) != len(measured_s) or not costs:
         raise ValueError("costs and measured_s must be non-empty and of the same length")
     measured = torch.tensor(list(measured_s), dtype=torch.float64)
-    if bool((measured <= 0).any()):
-        raise ValueError("measured step times must be > 0")
+    bad = measured[~(torch.isfinite(measured) & (measured > 0))]
+    if len(bad):
+        raise ValueError(f"measured step times must be finite and > 0; got {float(bad[0])!r} "
+                         f"({len(bad)} of {len(measured)} are not)")
     seqs = torch.tensor([float(c.num_seqs) for c in costs], dtype=torch.float64)
     w = 1 / measured
     design = torch.stack([torch.ones_like(seqs), seqs], dim=1) * w[:, None]

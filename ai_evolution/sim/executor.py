@@ -52,8 +52,9 @@ class SimExecutor:
 
 
 def sim_engine(config: ModelConfig, cost_model: RooflineCostModel, max_num_seqs: int,
-               max_model_len: int, policy="continuous", dtype: str | torch.dtype = "bf16"):
-    """An ``LLMEngine`` whose scheduler is the real one and whose executor is simulated."""
+               max_model_len: int, policy="continuous", dtype: str | torch.dtype = "bf16", kv=None):
+    """An ``LLMEngine`` whose scheduler is the real one and whose executor is simulated
+    (``kv``: the scheduler's KV manager; default, contiguous rows)."""
     from ..engine import LLMEngine, Scheduler
-    return LLMEngine(Scheduler(max_num_seqs, max_model_len, policy),
+    return LLMEngine(Scheduler(max_num_seqs, max_model_len, policy, kv=kv),
                      SimExecutor(config, cost_model, dtype), config.vocab_size)

@@ -1,0 +1,186 @@
+"""Self-checks of the continuous-batching lab (chapter 3)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ..engine import LLMEngine, ModelRunner, PolicyError, Request, Scheduler, continuous_batching
+from ..engine.request import SamplingParams
+from ..loadgen import fixed_prompt_workload
+from ..metrics import summarize
+from ..model import ModelConfig
+from ..sim import RooflineCostModel, SimExecutor
+from . import CheckResult, call_student, failed, finish, passed
+
+# A toy machine for checking schedules: only the order of events matters, not the time.
+_TOY = RooflineCostModel(1e9, 1e12, overhead_s=1e-3, name="toy")
+_TOY_CONFIG = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                          intermediate_size=128, vocab_size=100, name="toy")
+
+
+def _policy_cases(seed: int) -> list[tuple[int, list[int], list[int], list[float]]]:
+    """(max_num_seqs, prompt lengths, output lengths, arrival times) per case."""
+    rng = np.random.default_rng(seed)
+    cases = [(2, [4, 4, 4], [3, 1, 2], [0.0] * 3),          # a short one frees a row early
+             (3, [5] * 6, [1, 6, 2, 2, 5, 1], [0.0] * 6)]
+    for _ in range(8):
+        n = int(rng.integers(2, 16))
+        arrivals = [0.0] * n if rng.random() < 0.5 else sorted(rng.uniform(0, 0.05, n).tolist())
+        cases.append((int(rng.integers(1, 6)), rng.integers(1, 12, n).tolist(),
+                      rng.integers(1, 20, n).tolist(), arrivals))
+    return cases
+
+
+def _schedule(policy, width: int, prompts: list[int], outputs: list[int], arrivals: list[float]):
+    """Run a workload on the simulator with ``policy``: per step, (admitted, retired, running)."""
+    engine = LLMEngine(Scheduler(width, 64, policy), SimExecutor(_TOY_CONFIG, _TOY, "fp32"),
+                       _TOY_CONFIG.vocab_size)
+    items = [(t, [1] * p, SamplingParams(max_tokens=o, ignore_eos=True))
+             for t, p, o in zip(arrivals, prompts, outputs)]
+    trace = []
+    original = engine.scheduler.schedule
+
+    def traced():
+        out = original()
+        if not out.is_empty:
+            trace.append((out.admitted, out.retired, [s.request_id for s in out.scheduled]))
+        return out
+
+    engine.scheduler.schedule = traced
+    engine.run(items)
+    return trace
+
+
+def _case_label(width, prompts, outputs, arrivals) -> str:
+    when = "todas en t = 0" if not any(arrivals) else "llegadas escalonadas"
+    return (f"max_num_seqs={width}, {len(prompts)} peticiones con max_tokens={outputs}, {when}")
+
+
+def check_policy(fn: Callable, seed: int = 0, model=None, raise_on_fail: bool = True) -> CheckResult:
+    """``fn(running, waiting, max_num_seqs) -> BatchPlan`` must schedule exactly like
+    ``continuous_batching`` on seeded workloads (simulated), and, with ``model``, produce the
+    same tokens as the reference on the real engine."""
+    name = "política de batching continuo"
+    cases = _policy_cases(seed)
+    for i, (width, prompts, outputs, arrivals) in enumerate(cases):
+        label = _case_label(width, prompts, outputs, arrivals)
+        expected = _schedule(continuous_batching, width, prompts, outputs, arrivals)
+        got, crash = call_student(name, _schedule, fn, width, prompts, outputs, arrivals)
+        if crash and crash.startswith(f"su función lanzó {PolicyError.__name__}"):
+            # raised by the scheduler, which checks every plan before applying it
+            crash = "el planificador rechazó su plan: " + crash.split(": ", 1)[1]
+        if crash:
+            return finish(failed(name, i, label, crash), raise_on_fail)
+        for step, (e, g) in enumerate(zip(expected, got)):
+            if e != g:
+                return finish(failed(name, i, label, _step_diff(step, e, g),
+                                     _policy_hint(e, g)), raise_on_fail)
+        if len(expected) != len(got):
+            return finish(failed(name, i, label, f"la referencia termina en {len(expected)} pasos "
+                                 f"y su política en {len(got)}."), raise_on_fail)
+    detail = ""
+    if model is not None:
+        result = _same_tokens(fn, model, seed)
+        if result is not None:
+            return finish(failed(name, len(cases), "motor real con el modelo", result), raise_on_fail)
+        detail = "En el motor real produce los mismos tokens que la referencia."
+    return finish(passed(name, len(cases) + (model is not None), detail), raise_on_fail)
+
+
+def _step_diff(step: int, expected, got) -> str:
+    (ea, er, es_), (ga, gr, gs) = expected, got
+    return (f"En el paso {step} la referencia retira {er}, admite {ea} y ejecuta {es_}; su "
+            f"política retira {gr}, admite {ga} y ejecuta {gs}.")
+
+
+def _policy_hint(expected, got) -> str:
+    (ea, er, _), (ga, gr, _) = expected, got
+    if set(er) - set(gr):
+        return "retire en cada paso todas las peticiones con is_finished, no solo al vaciarse el lote."
+    if len(ga) < len(ea):
+        return ("admita tantas peticiones de la cola como filas queden libres: max_num_seqs menos "
+                "las que siguen en el lote tras retirar las terminadas.")
+    if len(ga) > len(ea):
+        return "no admita más peticiones que filas libres."
+    return "admita en orden de llegada: las primeras de waiting."
+
+
+def _same_tokens(fn, model, seed: int) -> str | None:
+    cfg = model.config
+    outputs = np.random.default_rng(seed).integers(1, 12, 6).tolist()
+    items = fixed_prompt_workload(6, 8, outputs, cfg.vocab_size, seed)
+    runs = []
+    for policy in (continuous_batching, fn):
+        engine = LLMEngine(Scheduler(3, 32, policy), ModelRunner(model, 3, 32), cfg.vocab_size)
+        try:
+            runs.append([r.output_token_ids for r in engine.run(items)])
+        except Exception as err:  # noqa: BLE001 - a crash of student code is a finding
+            return f"el motor falló con su política: {type(err).__name__}: {err}"
+    for j, (e, g) in enumerate(zip(*runs)):
+        if e != g:
+            return f"la petición {j} genera {g} con su política y {e} con la referencia."
+    return None
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+METRIC_KEYS = ("throughput_tok_s", "ttft_p50_s", "e2e_p50_s", "e2e_p99_s")
+
+
+def _metric_cases(seed: int) -> list[list[Request]]:
+    rng = np.random.default_rng(seed)
+    cases = []
+    for c in range(8):
+        n = int(rng.integers(1, 30))
+        reqs = []
+        for k in range(n):
+            arrival = 0.0 if c % 2 == 0 else float(rng.uniform(0, 2))
+            n_tok = int(rng.integers(1, 12))
+            first = arrival + float(rng.uniform(0.01, 0.5))
+            times = (first + np.cumsum(np.r_[0, rng.uniform(0.005, 0.05, n_tok - 1)])).tolist()
+            r = Request(str(k), [1, 2, 3], SamplingParams(max_tokens=n_tok), arrival_time=arrival)
+            r.output_token_ids = [7] * n_tok
+            r.first_token_time, r.token_times, r.finish_time = times[0], times, times[-1]
+            reqs.append(r)
+        cases.append(reqs)
+    return cases
+
+
+def check_summarize(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
+    """``fn(requests) -> dict`` with ``throughput_tok_s``, ``ttft_p50_s``, ``e2e_p50_s`` and
+    ``e2e_p99_s`` equal to ``ai_evolution.metrics.summarize`` (relative 1e-9)."""
+    name = "métricas de servicio"
+    cases = _metric_cases(seed)
+    for i, reqs in enumerate(cases):
+        expected = summarize(reqs)
+        got, crash = call_student(name, fn, reqs)
+        label = f"{len(reqs)} peticiones, {sum(len(r.output_token_ids) for r in reqs)} tokens"
+        if crash:
+            return finish(failed(name, i, label, crash), raise_on_fail)
+        if not isinstance(got, dict):
+            return finish(failed(name, i, label, f"devolvió {type(got).__name__}; se espera un dict "
+                                 f"con las claves {', '.join(METRIC_KEYS)}."), raise_on_fail)
+        for key in METRIC_KEYS:
+            if key not in got:
+                return finish(failed(name, i, label, f"falta la clave {key!r}."), raise_on_fail)
+            g, e = got[key], expected[key]
+            if not isinstance(g, (int, float, np.number)) or isinstance(g, bool) or \
+                    not math.isclose(float(g), e, rel_tol=1e-9):
+                return finish(failed(name, i, label, f"{key}: se esperaba {e:.6g} y su función "
+                                     f"devolvió {g!r}.", _metric_hint(key)), raise_on_fail)
+    return finish(passed(name, len(cases)), raise_on_fail)
+
+
+def _metric_hint(key: str) -> str:
+    return {
+        "throughput_tok_s": "tokens generados por todas las peticiones divididos entre el tiempo "
+                            "desde la primera llegada hasta el último final.",
+        "ttft_p50_s": "TTFT = first_token_time − arrival_time de cada petición; la mediana es "
+                      "np.percentile(..., 50).",
+        "e2e_p50_s": "latencia de extremo a extremo = finish_time − arrival_time.",
+        "e2e_p99_s": "use np.percentile(latencias, 99), que interpola entre los dos valores más "
+                     "cercanos; no tome el máximo.",
+    }[key]

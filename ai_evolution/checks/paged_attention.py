@@ -1,0 +1,199 @@
+"""Self-checks of the PagedAttention lab (chapter 4)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..engine import (BlockPool, KVCacheManager, LLMEngine, ModelRunner, Request, SamplingParams,
+                      Scheduler, find_cached_prefix, hash_block)
+from . import CheckResult, call_student, failed, finish, passed
+
+
+def _state(pool: BlockPool) -> tuple:
+    return (list(pool._free), [b.ref_cnt for b in pool.blocks], dict(pool.cached))
+
+
+def _describe(state: tuple) -> str:
+    free, refs, cached = state
+    held = {i: r for i, r in enumerate(refs) if r}
+    return f"cola libre {free}, ref_cnt de los ocupados {held}, {len(cached)} bloques en caché"
+
+
+def _pool_ops(seed: int, num_blocks: int) -> list[tuple]:
+    """A seeded sequence of allocate / free / cache / touch operations."""
+    rng = np.random.default_rng(seed)
+    ops, hashes = [], 0
+    for k in range(40):
+        r = rng.random()
+        if r < 0.4 or k == 0:
+            ops.append(("allocate", int(rng.integers(1, max(2, num_blocks // 2)))))
+        elif r < 0.7:
+            ops.append(("free", int(rng.integers(0, 1 << 30))))
+        elif r < 0.85:
+            hashes += 1
+            ops.append(("cache", int(rng.integers(0, 1 << 30)), hashes))
+        else:
+            ops.append(("touch", int(rng.integers(0, 1 << 30))))
+    return ops
+
+
+def _apply(pool: BlockPool, op: tuple, tables: list[list[int]]):
+    """Run ``op`` on ``pool``; ``tables`` are the holders' block-id lists (shared by both runs)."""
+    kind = op[0]
+    if kind == "allocate":
+        got = pool.allocate(op[1])
+        if got is not None:
+            tables.append([b.block_id for b in got])
+        return None if got is None else [b.block_id for b in got]
+    if not tables:
+        return None
+    table = tables.pop(op[1] % len(tables)) if kind == "free" else tables[op[1] % len(tables)]
+    blocks = [pool.blocks[i] for i in table]
+    if kind == "free":
+        pool.free(list(reversed(blocks)))
+    elif kind == "cache":
+        pool.cache(blocks[0], hash_block(None, [op[2]]))
+    elif kind == "touch":
+        pool.touch(blocks)
+        tables.append(list(table))
+    return None
+
+
+def check_block_pool(cls: type, seed: int = 0, model=None, raise_on_fail: bool = True) -> CheckResult:
+    """``cls(num_blocks, block_size)`` (a ``BlockPool`` with the student's ``allocate`` and
+    ``free``) must leave exactly the reference's state after every operation of seeded
+    sequences, and serve the same tokens inside the engine with ``model``."""
+    name = "pool de bloques"
+    cases = [(seed + k, n) for k, n in enumerate((4, 6, 8, 12, 16))]
+    for i, (case_seed, n) in enumerate(cases):
+        ref, tables_ref = BlockPool(n, 4), []
+        mine, crash = call_student(name, cls, n, 4)
+        if crash:
+            return finish(failed(name, i, f"{n} bloques", crash), raise_on_fail)
+        tables_mine: list[list[int]] = []
+        for step, op in enumerate(_pool_ops(case_seed, n)):
+            expected = _apply(ref, op, tables_ref)
+            got, crash = call_student(name, _apply, mine, op, tables_mine)
+            label = f"{n} bloques, operación {step} = {op[0]}" + (f"({op[1]})" if op[0] == "allocate" else "")
+            if crash:
+                return finish(failed(name, i, label, crash), raise_on_fail)
+            if got != expected:
+                return finish(failed(name, i, label, f"allocate debía devolver los bloques {expected} "
+                                     f"y devolvió {got}.", "se toman de la cabeza de la cola libre "
+                                     "(los liberados hace más tiempo); si no hay bastantes, None y "
+                                     "nada cambia."), raise_on_fail)
+            if _state(mine) != _state(ref):
+                return finish(failed(name, i, label, f"tras la operación se esperaba "
+                                     f"{_describe(_state(ref))} y su pool tiene "
+                                     f"{_describe(_state(mine))}.", _pool_hint(op[0])), raise_on_fail)
+    detail = ""
+    if model is not None:
+        problem = _engine_run(model, seed, pool_cls=cls)
+        if problem:
+            return finish(failed(name, len(cases), "motor real con su pool", problem), raise_on_fail)
+        detail = "En el motor real sirve los mismos tokens que la referencia."
+    return finish(passed(name, len(cases) + (model is not None), detail), raise_on_fail)
+
+
+def _pool_hint(kind: str) -> str:
+    if kind == "allocate":
+        return ("al reutilizar un bloque con hash, bórrelo de pool.cached y ponga block_hash a "
+                "None; el bloque sale de la cola libre con ref_cnt = 1.")
+    return ("free resta 1 a ref_cnt de cada bloque y, solo si llega a 0, lo añade al final de la "
+            "cola libre, en el orden recibido; el hash se conserva.")
+
+
+def _prefix_pools(seed: int):
+    """A pool with some cached chains, and the queries to look up in it."""
+    rng = np.random.default_rng(seed)
+    bs = int(rng.choice([2, 4, 8]))
+    kv = KVCacheManager(64, bs, 256)
+    prefixes = [rng.integers(3, 50, bs * int(rng.integers(1, 5))).tolist() for _ in range(3)]
+    for p in prefixes:  # register each prefix's full blocks as computed and cached
+        r = Request(f"w{len(kv.tables)}", p + [1], SamplingParams())
+        kv.allocate_slots(r, r.num_tokens)
+        r.num_computed_tokens = r.num_tokens
+        kv.cache_full_blocks(r)
+        kv.free(r)
+    queries = [prefixes[0] + [7, 8, 9], prefixes[1], prefixes[2][:bs] + [99] * bs + [1],
+               [98] + prefixes[0], prefixes[0][:-1], prefixes[1] + prefixes[2] + [4],
+               rng.integers(3, 50, 3 * bs + 1).tolist()]
+    return bs, kv.pool, queries
+
+
+def check_prefix_lookup(fn: Callable, seed: int = 0, model=None, raise_on_fail: bool = True) -> CheckResult:
+    """``fn(token_ids, block_size, pool) -> list[KVBlock]`` must return the same cached blocks as
+    ``find_cached_prefix`` on seeded pools, and give the same tokens and hits in the engine."""
+    name = "búsqueda de prefijo en caché"
+    cases = []
+    for k in range(4):
+        bs, pool, queries = _prefix_pools(seed + k)
+        cases += [(bs, pool, q) for q in queries]
+    for i, (bs, pool, query) in enumerate(cases):
+        expected = [b.block_id for b in find_cached_prefix(query, bs, pool)]
+        got, crash = call_student(name, fn, query, bs, pool)
+        label = f"bloques de {bs} tokens, consulta de {len(query)} tokens"
+        if crash:
+            return finish(failed(name, i, label, crash), raise_on_fail)
+        try:
+            got_ids = [b.block_id for b in got]
+        except (TypeError, AttributeError):
+            return finish(failed(name, i, label, f"devolvió {got!r}; se espera una lista de KVBlock."),
+                          raise_on_fail)
+        if got_ids != expected:
+            return finish(failed(name, i, label, f"se esperaban los bloques {expected} y su función "
+                                 f"devolvió {got_ids}.", _prefix_hint(len(query), bs, expected, got_ids)),
+                          raise_on_fail)
+    detail = ""
+    if model is not None:
+        problem = _engine_run(model, seed, prefix_fn=fn)
+        if problem:
+            return finish(failed(name, len(cases), "motor real con su búsqueda", problem), raise_on_fail)
+        detail = "En el motor real da los mismos tokens y los mismos aciertos que la referencia."
+    return finish(passed(name, len(cases) + (model is not None), detail), raise_on_fail)
+
+
+def _prefix_hint(n: int, bs: int, expected: list, got: list) -> str:
+    if len(got) > len(expected) and len(got) * bs >= n:
+        return "el último token del prompt nunca sale de la caché: recorra los bloques llenos de token_ids[:-1]."
+    if len(got) > len(expected):
+        return "pare en el primer bloque que no está en caché, aunque los siguientes sí estén."
+    return ("el hash de cada bloque encadena el del anterior: parent = hash_block(parent, tokens "
+            "del bloque), empezando con parent = None.")
+
+
+def _engine_run(model, seed: int, pool_cls=None, prefix_fn=None) -> str | None:
+    """The same shared-prefix workload under memory pressure, reference vs the student's piece."""
+    cfg = model.config
+    rng = np.random.default_rng(seed)
+    system = rng.integers(3, cfg.vocab_size, 24).tolist()
+    items = [(0.0, system + rng.integers(3, cfg.vocab_size, int(rng.integers(1, 9))).tolist(),
+              SamplingParams(max_tokens=int(rng.integers(1, 12)), ignore_eos=True)) for _ in range(8)]
+    runs = []
+    for student in (False, True):
+        kw = {}
+        if student and pool_cls is not None:
+            kw["pool"] = pool_cls(14, 4)
+        if student and prefix_fn is not None:
+            kw["prefix_fn"] = prefix_fn
+        kv = KVCacheManager(14, 4, 48, **kw)
+        engine = LLMEngine(Scheduler(4, 48, "continuous", kv=kv), ModelRunner.for_kv(model, kv),
+                           cfg.vocab_size)
+        try:
+            engine.run(items[:1])
+            reqs = engine.run(items[1:])
+            kv.check_invariants()
+        except Exception as err:  # noqa: BLE001 - a crash of student code is a finding
+            return f"el motor falló: {type(err).__name__}: {err}"
+        runs.append(([r.output_token_ids for r in reqs], kv.hit_tokens, kv.pool.num_free))
+    (ref_tokens, ref_hits, _), (tokens, hits, free) = runs
+    for j, (e, g) in enumerate(zip(ref_tokens, tokens)):
+        if e != g:
+            return f"la petición {j + 1} genera {g} y con la referencia {e}."
+    if hits != ref_hits:
+        return f"la caché acertó {hits} tokens y con la referencia {ref_hits}."
+    if free != 14:
+        return f"al terminar quedan {14 - free} bloques ocupados; deberían estar todos libres."
+    return None
