@@ -22,9 +22,11 @@ from ai_evolution.engine import (LLM, BatchPlan, FinishReason, LLMEngine, ModelR
                                  Request, RequestRejected, RequestStatus, SamplingParams, Scheduler,
                                  continuous_batching)
 from ai_evolution.generation import generate
-from ai_evolution.model.checkpoint import load_pretrained, random_model
+from ai_evolution.model.checkpoint import random_model
 from ai_evolution.model.config import ModelConfig
 from ai_evolution.sim import RooflineCostModel, sim_engine
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 MAX_LEN = 128
 POLICIES = ("static", "continuous")
@@ -37,21 +39,6 @@ SMALL_LEN = 32
 
 
 # --- fixtures and helpers -------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: these models are too small to gain from more, and on a shared 2-core
-    machine a second thread that has to wait for a core makes every matmul many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_pretrained("tiny-es")
-
-
 @pytest.fixture(scope="module")
 def small():
     return random_model(SMALL, seed=3, init_std=0.2)

@@ -17,9 +17,10 @@ import torch
 
 from ai_evolution.engine import FinishReason, LLMEngine, ModelRunner, SamplingParams, Scheduler
 from ai_evolution.model import get_preset
-from ai_evolution.model.checkpoint import load_pretrained
 from ai_evolution.sim import (SIM_TOKEN, RooflineCostModel, SimExecutor, StepCost, fit_cost_model,
                               sim_engine, step_cost)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 MAX_LEN = 96
 POLICIES = ("static", "continuous")
@@ -28,20 +29,6 @@ POLICIES = ("static", "continuous")
 COST = RooflineCostModel(bandwidth_bytes_per_s=50e9, peak_flops=2e11, overhead_s=2e-3,
                          overhead_per_seq_s=1e-4, name="prueba")
 LATE = 5.0  # seconds: far beyond the busy period of the online workload
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine a second one only waits for a core."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_pretrained("tiny-es")
 
 
 @pytest.fixture(scope="module")

@@ -146,12 +146,13 @@ class _SelectiveAttention:
             pos = torch.tensor([s.start for s, _ in decode], device=dev)
             length = int(pos.max()) + 1
             n_blocks = -(-length // block_size)
-            if n_blocks == 1:
-                # Everybody's tokens sit in the first block (always, with the contiguous layout):
-                # read the range of those blocks through a view; blocks in the range that are
-                # not decoding get a dummy query that sees key 0 only, dropped afterwards.
-                first = torch.tensor([s.block_ids[0] for s, _ in decode], device=dev)
-                lo, hi = int(first.min()), int(first.max())
+            first = torch.tensor([s.block_ids[0] for s, _ in decode], device=dev)
+            lo, hi = int(first.min()), int(first.max())
+            if n_blocks == 1 and hi - lo + 1 <= 2 * len(decode):
+                # Everybody's tokens sit in the first block (always, with the contiguous layout)
+                # and those blocks are close together: read their range through a view; blocks
+                # in the range that are not decoding get a dummy query that sees key 0 only,
+                # dropped afterwards.
                 rows = first - lo
                 mask = torch.zeros(hi - lo + 1, 1, 1, length, dtype=torch.bool, device=dev)
                 mask[..., 0] = True

@@ -155,6 +155,7 @@ class Scheduler:
             if r.request_id == request_id and not r.is_finished:
                 if r in self.waiting:
                     self.waiting.remove(r)
+                    self.kv.free(r)  # drops any pending prefix lookup too
                 self._finish(r, FinishReason.ABORT, now)
                 return r
         return None
