@@ -9,12 +9,14 @@ from .request import (FinishReason, Request, RequestOutput, RequestRejected, Req
                       SamplingParams, request_metrics)
 from .runner import ModelRunner
 from .scheduler import (POLICIES, BatchPlan, Policy, PolicyError, ScheduledRequest, Scheduler,
-                        SchedulerOutput, continuous_batching, static_batching)
+                        SchedulerOutput, continuous_batching, newest_unfinished, static_batching,
+                        tokens_for)
 
 __all__ = [
     "BlockPool", "KVBlock", "KVCacheManager", "find_cached_prefix", "hash_block", "KV_LAYOUTS", "build_engine",
     "ContiguousSlots", "LLM", "Executor", "LLMEngine", "StepEntry", "StepRecord", "FinishReason", "Request",
     "RequestOutput", "RequestRejected", "RequestStatus", "SamplingParams", "request_metrics",
     "ModelRunner", "POLICIES", "BatchPlan", "Policy", "PolicyError", "ScheduledRequest",
-    "Scheduler", "SchedulerOutput", "continuous_batching", "static_batching",
+    "Scheduler", "SchedulerOutput", "continuous_batching", "static_batching", "newest_unfinished",
+    "tokens_for",
 ]

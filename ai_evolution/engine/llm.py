@@ -227,11 +227,14 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
                  policy: str | Policy = "continuous", kv_layout: str = "contiguous",
                  block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = True, eos_token_id: int | None = None,
-                 kv=None) -> LLMEngine:
+                 kv=None, max_num_batched_tokens: int | None = None,
+                 enable_chunked_prefill: bool = False) -> LLMEngine:
     """An engine on the real model. ``kv_layout="contiguous"``: one ``max_model_len`` row per
     request (``max_num_seqs`` rows). ``"paged"``: ``num_blocks`` blocks of ``block_size`` tokens
     (default: the same memory as the contiguous rows), with optional prefix caching. ``kv``: a
-    ready KV manager (for example a ``KVCacheManager`` with a student's pool), used as given."""
+    ready KV manager (for example a ``KVCacheManager`` with a student's pool), used as given.
+    ``max_num_batched_tokens`` caps the tokens of a step; ``enable_chunked_prefill`` splits
+    prompts that do not fit into chunks (chapter 5)."""
     if kv is not None:
         pass
     elif kv_layout == "contiguous":
@@ -245,7 +248,9 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
     if max_model_len > model.config.max_position_embeddings:
         raise ValueError(f"max_model_len={max_model_len} supera las "
                          f"{model.config.max_position_embeddings} posiciones del modelo")
-    scheduler = Scheduler(max_num_seqs, max_model_len, policy, kv=kv)
+    scheduler = Scheduler(max_num_seqs, max_model_len, policy, kv=kv,
+                          max_num_batched_tokens=max_num_batched_tokens,
+                          enable_chunked_prefill=enable_chunked_prefill)
     return LLMEngine(scheduler, ModelRunner.for_kv(model, kv), model.config.vocab_size, eos_token_id)
 
 
@@ -262,7 +267,8 @@ class LLM:
                  max_num_seqs: int = 8, max_model_len: int | None = None,
                  policy: str | Policy = "continuous", kv_layout: str = "contiguous",
                  block_size: int = 16, num_blocks: int | None = None,
-                 enable_prefix_caching: bool = True, dtype: torch.dtype | None = None,
+                 enable_prefix_caching: bool = True, max_num_batched_tokens: int | None = None,
+                 enable_chunked_prefill: bool = False, dtype: torch.dtype | None = None,
                  device: str | torch.device | None = None) -> None:
         self.model = _as_model(model, dtype, device)
         config = self.model.config
@@ -276,7 +282,8 @@ class LLM:
         self.engine = build_engine(self.model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                    policy=policy, kv_layout=kv_layout, block_size=block_size,
                                    num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching,
-                                   eos_token_id=eos)
+                                   eos_token_id=eos, max_num_batched_tokens=max_num_batched_tokens,
+                                   enable_chunked_prefill=enable_chunked_prefill)
 
     def _encode(self, prompt) -> Sequence[int]:
         if isinstance(prompt, str):

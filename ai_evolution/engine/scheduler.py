@@ -16,6 +16,13 @@ A step runs, in one forward pass, the whole prompt of every request that has jus
 (prefill) and one token of every other running request (decode): prefill is batched *with*
 decode, as Orca does. Chapter 5 replaces this with a token budget and chunked prefill.
 
+Token budget (chapter 5): with ``max_num_batched_tokens`` a step computes at most that many
+tokens. Running requests go first, oldest first (one decode token each, or the next chunk of
+a prompt), then the plan's admissions; with ``enable_chunked_prefill`` a prompt that does not fit
+in what is left is split into chunks over several steps, running alongside the others' decodes
+(the vLLM v1 design: no separate prefill and decode phases). A chunk samples nothing; the token
+comes with the chunk that completes the prompt.
+
 Memory: the plan's admissions are applied in order while the KV cache can hold them (the rest
 keep waiting, first come first served). With paged KV a running request may find no block for
 its next token; then the newest running request is **preempted by recompute**: its blocks are
@@ -128,13 +135,43 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+def tokens_for(want: int, budget: float, chunked: bool) -> int:
+    """Tokens a request that still needs ``want`` gets from what is left of the step's budget:
+    all of them if they fit; otherwise a chunk of what is left (chunked prefill) or none (it
+    waits for the next step)."""
+    if want <= budget:
+        return want
+    return int(budget) if chunked and budget >= 1 else 0
+
+
+def newest_unfinished(running: Sequence[Request]) -> Request:
+    """The preemption victim: the most recently admitted request that has not finished (it has
+    the least work to lose and arrived last)."""
+    return next(r for r in reversed(running) if not r.is_finished)
+
+
 class Scheduler:
     """FCFS queue + running batch + KV placement, driven by a batching policy."""
 
     def __init__(self, max_num_seqs: int, max_model_len: int, policy: str | Policy = "continuous",
-                 kv: ContiguousSlots | KVCacheManager | None = None) -> None:
+                 kv: ContiguousSlots | KVCacheManager | None = None,
+                 max_num_batched_tokens: int | None = None,
+                 enable_chunked_prefill: bool = False, token_fn=None, victim_fn=None) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs debe ser un entero >= 1; se recibió {max_num_seqs!r}")
+        budget = max_num_batched_tokens
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"max_num_batched_tokens debe ser un entero >= 1 o None; se recibió {budget!r}")
+        if budget is not None and not enable_chunked_prefill and budget < max_model_len:
+            raise ValueError(f"sin prefill troceado, max_num_batched_tokens ({budget}) debe ser >= "
+                             f"max_model_len ({max_model_len}): si no, un prompt largo no cabría "
+                             "nunca en un paso; suba el presupuesto o active enable_chunked_prefill")
+        self.max_num_batched_tokens = budget
+        self.enable_chunked_prefill = enable_chunked_prefill
+        # Plug-ins for the chapter 5 exercises: token_fn(want, budget, chunked) -> tokens, and
+        # victim_fn(running) -> the request to preempt.
+        self.token_fn = token_fn or tokens_for
+        self.victim_fn = victim_fn or newest_unfinished
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.policy_name, self.policy = resolve_policy(policy)
@@ -173,36 +210,60 @@ class Scheduler:
         for r in plan.retire:
             self.running.remove(r)
             self.kv.free(r)
+        budget = self.max_num_batched_tokens if self.max_num_batched_tokens is not None else float("inf")
         preempted: list[Request] = []
+        work: dict[str, int] = {}  # request id -> tokens to compute this step
+        # Running requests first, oldest first: each takes what it needs from the token budget
+        # (a prefill chunk, or one decode token).
         for r in list(self.running):
             if r.is_finished or r in preempted:
                 continue
-            while self.kv.allocate_slots(r, r.num_tokens - r.num_computed_tokens) is None:
-                victim = next(v for v in reversed(self.running) if not v.is_finished)
+            n = self._tokens(r.num_tokens - r.num_computed_tokens, budget)
+            if n == 0:
+                continue
+            while self.kv.allocate_slots(r, n) is None:
+                victim = self.victim_fn(tuple(self.running))
+                if victim not in self.running or victim.is_finished:
+                    raise PolicyError(f"la víctima elegida ({getattr(victim, 'request_id', victim)!r}) "
+                                      "no es una petición en curso sin terminar")
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is r:
                     break
+            if r in self.running:
+                work[r.request_id] = n
+                budget -= n
         admitted = []
         if not preempted:  # a step that had to preempt admits nobody
             for r in plan.admit:
                 hit = self.kv.get_computed_blocks(r)
-                if self.kv.allocate_slots(r, r.num_tokens - hit) is None:
+                n = self._tokens(r.num_tokens - hit, budget)
+                if n == 0 or self.kv.allocate_slots(r, n) is None:
                     break  # FCFS: the rest wait behind it
                 r.num_computed_tokens = hit
                 self.waiting.remove(r)
                 self.running.append(r)
                 r.status = RequestStatus.RUNNING
                 admitted.append(r)
+                work[r.request_id] = n
+                budget -= n
         scheduled = [ScheduledRequest(r, tuple(self.kv.block_table(r.request_id)), r.num_computed_tokens,
-                                      r.num_tokens - r.num_computed_tokens)
-                     for r in self.running if not r.is_finished]
+                                      work[r.request_id])
+                     for r in self.running if r.request_id in work]
         out = SchedulerOutput(self._step, scheduled, [r.request_id for r in admitted],
                               [r.request_id for r in plan.retire], self.kv.owners, self.kv.num_blocks,
                               [r.request_id for r in preempted])
         if scheduled:
             self._step += 1
         return out
+
+    def _tokens(self, want: int, budget: float) -> int:
+        n = self.token_fn(want, budget, self.enable_chunked_prefill)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= min(want, budget):
+            raise PolicyError(f"el reparto de tokens devolvió {n!r} para una petición que necesita "
+                              f"{want} con {budget} de presupuesto: debe ser un entero entre 0 y "
+                              f"{min(want, budget)}")
+        return n
 
     def _preempt(self, r: Request) -> None:
         """Preemption by recompute: free its KV, forget what it computed, queue it first."""

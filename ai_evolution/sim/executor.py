@@ -52,9 +52,12 @@ class SimExecutor:
 
 
 def sim_engine(config: ModelConfig, cost_model: RooflineCostModel, max_num_seqs: int,
-               max_model_len: int, policy="continuous", dtype: str | torch.dtype = "bf16", kv=None):
+               max_model_len: int, policy="continuous", dtype: str | torch.dtype = "bf16", kv=None,
+               max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = False):
     """An ``LLMEngine`` whose scheduler is the real one and whose executor is simulated
     (``kv``: the scheduler's KV manager; default, contiguous rows)."""
     from ..engine import LLMEngine, Scheduler
-    return LLMEngine(Scheduler(max_num_seqs, max_model_len, policy, kv=kv),
+    return LLMEngine(Scheduler(max_num_seqs, max_model_len, policy, kv=kv,
+                               max_num_batched_tokens=max_num_batched_tokens,
+                               enable_chunked_prefill=enable_chunked_prefill),
                      SimExecutor(config, cost_model, dtype), config.vocab_size)
