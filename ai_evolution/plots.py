@@ -212,3 +212,46 @@ def block_size_figure(sweep: list[dict]):
     ax1.legend(lines, [ln.get_label() for ln in lines], loc="center left", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def tradeoff_figure(panels: dict):
+    """TTFT of the long prompt against the others' p99 inter-token latency, one point per token
+    budget. ``panels`` maps a title to a list of rows with ``budget``, ``ttft_s``, ``itl_p99_s``."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.9), squeeze=False)
+    for ax, (title, rows) in zip(axes[0], panels.items()):
+        x = [1e3 * r["itl_p99_s"] for r in rows]
+        y = [1e3 * r["ttft_s"] for r in rows]
+        ax.plot(x, y, "o-", color="tab:purple")
+        for r, xi, yi in zip(rows, x, y):
+            ax.annotate(str(r["budget"]), (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set(xlabel="ITL p99 de las demás peticiones (ms)", ylabel="TTFT del prompt largo (ms)",
+               title=title)
+        decimal_comma(ax)
+    fig.suptitle("Presupuesto de tokens por paso (etiquetas): TTFT frente a latencia entre tokens")
+    fig.tight_layout()
+    return fig
+
+
+def preemption_figure(pool_blocks, preemptions, recomputed, e2e_preempted, e2e_spared):
+    """Preemptions and recomputed tokens as the pool shrinks, and who pays in latency."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    x = np.arange(len(pool_blocks))
+    ax1.bar(x - 0.2, preemptions, 0.4, label="expulsiones", color="tab:red")
+    ax1b = ax1.twinx()
+    ax1b.bar(x + 0.2, recomputed, 0.4, label="tokens recalculados", color="tab:gray")
+    ax1.set_xticks(x, [str(b) for b in pool_blocks])
+    ax1.set(xlabel="bloques del pool", ylabel="expulsiones", title="Lo que cuesta la falta de memoria")
+    ax1b.set_ylabel("tokens recalculados")
+    ax1.legend(loc="upper left", fontsize=8)
+    ax1b.legend(loc="upper center", fontsize=8)
+    pre = [np.nan if v is None else v for v in e2e_preempted]
+    spa = [np.nan if v is None else v for v in e2e_spared]
+    ax2.plot(x, spa, "o-", label="nunca expulsadas", color="tab:blue")
+    ax2.plot(x, pre, "s-", label="expulsadas alguna vez", color="tab:red")
+    ax2.set_xticks(x, [str(b) for b in pool_blocks])
+    ax2.set(xlabel="bloques del pool", ylabel="latencia media de extremo a extremo (s)",
+            title="Quién paga")
+    ax2.yaxis.set_major_formatter(_COMMA)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -23,8 +23,8 @@ from ai_evolution.engine import (LLM, BatchPlan, FinishReason, LLMEngine, ModelR
                                  continuous_batching)
 from ai_evolution.generation import generate
 from ai_evolution.model.checkpoint import random_model
-from ai_evolution.model.config import ModelConfig
 from ai_evolution.sim import RooflineCostModel, sim_engine
+from engine_helpers import SMALL, greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,9 +32,6 @@ MAX_LEN = 128
 POLICIES = ("static", "continuous")
 WIDTHS = (1, 3, 8)
 NUM_REQUESTS = 16
-# A small random model with grouped-query attention, for the property tests (cheap references).
-SMALL = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=96,
-                    vocab_size=97, max_position_embeddings=64)
 SMALL_LEN = 32
 
 
@@ -89,10 +86,6 @@ def drain(engine: LLMEngine) -> None:
     while engine.has_unfinished_requests():
         engine.step()
     engine.scheduler.schedule()
-
-
-def greedy(max_tokens: int, **kw) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kw)
 
 
 def check_bookkeeping(engine: LLMEngine) -> None:

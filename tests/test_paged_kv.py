@@ -20,12 +20,11 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ai_evolution.engine import (LLM, BlockPool, FinishReason, KVCacheManager, LLMEngine, Request,
-                                 RequestRejected, RequestStatus, SamplingParams, build_engine,
-                                 hash_block)
+                                 RequestRejected, RequestStatus, build_engine, hash_block)
 from ai_evolution.generation import generate
 from ai_evolution.model.checkpoint import random_model
-from ai_evolution.model.config import ModelConfig
-from ai_evolution.sim import RooflineCostModel, sim_engine, step_cost
+from ai_evolution.sim import sim_engine, step_cost
+from engine_helpers import COST, SMALL, cdiv, check_done, greedy, schedule, solo
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,12 +32,7 @@ POLICIES = ("static", "continuous")
 BLOCK_SIZES = (1, 4, 16)
 MAX_LEN = 96
 WIDTH = 4
-# A small random model with grouped-query attention, for the property tests (cheap references).
-SMALL = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=96,
-                    vocab_size=97, max_position_embeddings=64)
 SMALL_LEN = 40
-COST = RooflineCostModel(bandwidth_bytes_per_s=50e9, peak_flops=2e11, overhead_s=2e-3,
-                         overhead_per_seq_s=1e-4, name="prueba")
 PROPS = dict(derandomize=True, database=None, deadline=None,
              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -47,20 +41,6 @@ PROPS = dict(derandomize=True, database=None, deadline=None,
 @pytest.fixture(scope="module")
 def small():
     return random_model(SMALL, seed=3, init_std=0.2)
-
-
-def greedy(max_tokens: int, **kw) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kw)
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def solo(model, prompt, params: SamplingParams) -> list[int]:
-    """The request's tokens when it runs alone, without any KV cache."""
-    return generate(model, prompt, params.max_tokens, cache=None, temperature=params.temperature,
-                    top_k=params.top_k, top_p=params.top_p, seed=params.seed)[0]
 
 
 @pytest.fixture(scope="module")
@@ -130,18 +110,6 @@ def drain_checked(engine: LLMEngine) -> None:
             check_usage(engine)
     engine.scheduler.schedule()
     kv.check_invariants()
-
-
-def check_done(engine: LLMEngine) -> None:
-    """Every request finished, every block back in the pool, nobody left anywhere."""
-    sched, kv = engine.scheduler, engine.scheduler.kv
-    assert all(r.is_finished for r in engine.requests.values())
-    assert not sched.running and not sched.waiting
-    assert not kv.tables and kv.holders() == {}
-    assert kv.num_free == kv.pool.num_free == kv.num_blocks
-    kv.check_invariants()
-    usage = engine.kv_usage()
-    assert usage["blocks_used"] == 0 and usage["reserved_token_slots"] == 0
 
 
 def check_history(engine: LLMEngine) -> None:
@@ -796,11 +764,6 @@ def test_paged_kv_wastes_less_than_contiguous_rows(tiny, workload, policy):
 
 
 # --- 4. the simulator with paged KV ---------------------------------------------------------------
-def schedule(engine: LLMEngine) -> list[tuple]:
-    return [tuple((e.request_id, e.slot, e.num_tokens, e.context_len) for e in h.scheduled)
-            for h in engine.history]
-
-
 SIM_CASES = [(4, "tight"), (16, "tight"), (16, "roomy")]
 
 

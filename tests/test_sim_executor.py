@@ -19,15 +19,12 @@ from ai_evolution.engine import FinishReason, LLMEngine, ModelRunner, SamplingPa
 from ai_evolution.model import get_preset
 from ai_evolution.sim import (SIM_TOKEN, RooflineCostModel, SimExecutor, StepCost, fit_cost_model,
                               sim_engine, step_cost)
+from engine_helpers import COST, schedule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MAX_LEN = 96
 POLICIES = ("static", "continuous")
-# Tiny-es (5 M parameters, ~10 MB in bf16) on a modest machine: decode steps are bound by the
-# bandwidth, long prefills by the peak, and both overheads count.
-COST = RooflineCostModel(bandwidth_bytes_per_s=50e9, peak_flops=2e11, overhead_s=2e-3,
-                         overhead_per_seq_s=1e-4, name="prueba")
 LATE = 5.0  # seconds: far beyond the busy period of the online workload
 
 
@@ -69,12 +66,6 @@ def real_engine(model, width: int, policy: str, clock: bool = False) -> LLMEngin
     executor = CostClock(runner, SimExecutor(model.config, COST)) if clock else runner
     return LLMEngine(Scheduler(width, MAX_LEN, policy), executor, model.config.vocab_size,
                      model.config.eos_token_id)
-
-
-def schedule(engine: LLMEngine) -> list[tuple]:
-    """Per step: (request_id, slot, num_tokens, context_len) of every scheduled request."""
-    return [tuple((e.request_id, e.slot, e.num_tokens, e.context_len) for e in h.scheduled)
-            for h in engine.history]
 
 
 def drain(engine: LLMEngine) -> None:

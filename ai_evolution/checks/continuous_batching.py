@@ -14,6 +14,7 @@ from ..metrics import summarize
 from ..model import ModelConfig
 from ..sim import RooflineCostModel, SimExecutor
 from . import CheckResult, call_student, failed, finish, passed
+from ._engine import trace
 
 # A toy machine for checking schedules: only the order of events matters, not the time.
 _TOY = RooflineCostModel(1e9, 1e12, overhead_s=1e-3, name="toy")
@@ -40,18 +41,7 @@ def _schedule(policy, width: int, prompts: list[int], outputs: list[int], arriva
                        _TOY_CONFIG.vocab_size)
     items = [(t, [1] * p, SamplingParams(max_tokens=o, ignore_eos=True))
              for t, p, o in zip(arrivals, prompts, outputs)]
-    trace = []
-    original = engine.scheduler.schedule
-
-    def traced():
-        out = original()
-        if not out.is_empty:
-            trace.append((out.admitted, out.retired, [s.request_id for s in out.scheduled]))
-        return out
-
-    engine.scheduler.schedule = traced
-    engine.run(items)
-    return trace
+    return [(a, r, [rid for rid, _ in s]) for a, r, s, _ in trace(engine, items)]
 
 
 def _case_label(width, prompts, outputs, arrivals) -> str:

@@ -228,13 +228,14 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
                  block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = True, eos_token_id: int | None = None,
                  kv=None, max_num_batched_tokens: int | None = None,
-                 enable_chunked_prefill: bool = False) -> LLMEngine:
+                 enable_chunked_prefill: bool = False, token_fn=None, victim_fn=None) -> LLMEngine:
     """An engine on the real model. ``kv_layout="contiguous"``: one ``max_model_len`` row per
     request (``max_num_seqs`` rows). ``"paged"``: ``num_blocks`` blocks of ``block_size`` tokens
     (default: the same memory as the contiguous rows), with optional prefix caching. ``kv``: a
     ready KV manager (for example a ``KVCacheManager`` with a student's pool), used as given.
     ``max_num_batched_tokens`` caps the tokens of a step; ``enable_chunked_prefill`` splits
-    prompts that do not fit into chunks (chapter 5)."""
+    prompts that do not fit into chunks; ``token_fn`` and ``victim_fn`` replace the scheduler's
+    token split and preemption choice (chapter 5)."""
     if kv is not None:
         pass
     elif kv_layout == "contiguous":
@@ -250,7 +251,8 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
                          f"{model.config.max_position_embeddings} posiciones del modelo")
     scheduler = Scheduler(max_num_seqs, max_model_len, policy, kv=kv,
                           max_num_batched_tokens=max_num_batched_tokens,
-                          enable_chunked_prefill=enable_chunked_prefill)
+                          enable_chunked_prefill=enable_chunked_prefill, token_fn=token_fn,
+                          victim_fn=victim_fn)
     return LLMEngine(scheduler, ModelRunner.for_kv(model, kv), model.config.vocab_size, eos_token_id)
 
 

@@ -87,9 +87,10 @@ class SamplingParams:
         return out
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    """One prompt on its way through the engine.
+    """One prompt on its way through the engine (compared by identity: two requests are the same
+    only if they are the same object, so a copy can never stand in for the original).
 
     ``num_computed_tokens`` counts the tokens whose K/V are in the cache; the scheduler compares
     it with ``num_tokens`` (prompt + generated) to know whether the request needs a prefill (many

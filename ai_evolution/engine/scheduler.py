@@ -223,7 +223,9 @@ class Scheduler:
                 continue
             while self.kv.allocate_slots(r, n) is None:
                 victim = self.victim_fn(tuple(self.running))
-                if victim not in self.running or victim.is_finished:
+                # by identity: a Request compares equal to a copy of itself, and preempting a
+                # copy would take the real request out of the batch and lose it
+                if not any(victim is x for x in self.running) or victim.is_finished:
                     raise PolicyError(f"la víctima elegida ({getattr(victim, 'request_id', victim)!r}) "
                                       "no es una petición en curso sin terminar")
                 self._preempt(victim)
@@ -315,11 +317,12 @@ class Scheduler:
                                          ("admit", plan.admit, waiting, "la cola (waiting)")):
             if len(set(ids(group))) != len(group):
                 raise PolicyError(f"{name} repite alguna petición: {ids(group)}")
-            pool_ids = set(ids(pool))
-            stray = [i for i in ids(group) if i not in pool_ids]
+            pool_objs = {id(r) for r in pool}
+            stray = [getattr(r, "request_id", r) for r in group if id(r) not in pool_objs]
             if stray:
-                raise PolicyError(f"{name} contiene {stray}, que no están en {where}; "
-                                  f"en {where} están {ids(pool)}")
+                raise PolicyError(f"{name} contiene {stray}, que no están en {where} (hay que "
+                                  f"devolver las mismas peticiones recibidas, no copias); en "
+                                  f"{where} están {ids(pool)}")
         early = [r.request_id for r in plan.retire if not r.is_finished]
         if early:
             raise PolicyError(f"retire contiene {early}, que aún no han terminado: retirarlas "

@@ -26,6 +26,7 @@ _LABS: dict[str, str] = {
     "kv_cache": "ai_evolution.labs.kv_cache",
     "paged_attention": "ai_evolution.labs.paged_attention",
     "roofline": "ai_evolution.labs.roofline",
+    "scheduler": "ai_evolution.labs.scheduler",
 }
 
 
