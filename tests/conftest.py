@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ai_evolution.model.checkpoint import load_pretrained
+from ai_evolution.model.checkpoint import load_pretrained, random_model
 
 
 @pytest.fixture(scope="module")
@@ -20,3 +20,11 @@ def one_thread():
 def tiny():
     """The shipped tiny-es model (read-only: tests must not modify it)."""
     return load_pretrained("tiny-es")
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A 2-layer random model with grouped-query attention (``engine_helpers.SMALL``): cheap
+    references for the property tests."""
+    from engine_helpers import SMALL
+    return random_model(SMALL, seed=3, init_std=0.2)

@@ -3,6 +3,8 @@ test_token_budget): one copy of each, imported by name."""
 
 from __future__ import annotations
 
+from hypothesis import HealthCheck
+
 from ai_evolution.engine import LLMEngine, SamplingParams
 from ai_evolution.generation import generate
 from ai_evolution.model.config import ModelConfig
@@ -47,3 +49,8 @@ def check_done(engine: LLMEngine) -> None:
     kv.check_invariants()
     usage = engine.kv_usage()
     assert usage["blocks_used"] == 0 and usage["reserved_token_slots"] == 0
+
+
+# Hypothesis settings of the engine property tests: reproducible, no example database.
+PROPS = dict(derandomize=True, database=None, deadline=None,
+             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -22,7 +22,6 @@ from ai_evolution.engine import (LLM, BatchPlan, FinishReason, LLMEngine, ModelR
                                  Request, RequestRejected, RequestStatus, SamplingParams, Scheduler,
                                  continuous_batching)
 from ai_evolution.generation import generate
-from ai_evolution.model.checkpoint import random_model
 from ai_evolution.sim import RooflineCostModel, sim_engine
 from engine_helpers import SMALL, greedy
 
@@ -36,11 +35,6 @@ SMALL_LEN = 32
 
 
 # --- fixtures and helpers -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def small():
-    return random_model(SMALL, seed=3, init_std=0.2)
-
-
 @pytest.fixture(scope="module")
 def workload(tiny):
     """16 (prompt, max_tokens) pairs with prompts of 1..60 tokens and 1..30 new tokens (both ends

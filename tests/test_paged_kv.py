@@ -17,14 +17,13 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from ai_evolution.engine import (LLM, BlockPool, FinishReason, KVCacheManager, LLMEngine, Request,
                                  RequestRejected, RequestStatus, build_engine, hash_block)
 from ai_evolution.generation import generate
-from ai_evolution.model.checkpoint import random_model
 from ai_evolution.sim import sim_engine, step_cost
-from engine_helpers import COST, SMALL, cdiv, check_done, greedy, schedule, solo
+from engine_helpers import PROPS, COST, SMALL, cdiv, check_done, greedy, schedule, solo
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,16 +32,9 @@ BLOCK_SIZES = (1, 4, 16)
 MAX_LEN = 96
 WIDTH = 4
 SMALL_LEN = 40
-PROPS = dict(derandomize=True, database=None, deadline=None,
-             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 # --- fixtures and helpers -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def small():
-    return random_model(SMALL, seed=3, init_std=0.2)
-
-
 @pytest.fixture(scope="module")
 def workload(tiny):
     """12 requests: half share a 40-token prefix (two and a half 16-token blocks), the other half

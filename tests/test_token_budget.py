@@ -19,31 +19,23 @@ import math
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from ai_evolution.engine import (LLM, ContiguousSlots, FinishReason, KVCacheManager, LLMEngine,
                                  ModelRunner, PolicyError, Request, RequestStatus, Scheduler,
                                  build_engine, newest_unfinished, tokens_for)
-from ai_evolution.model.checkpoint import random_model
 from ai_evolution.model.tokenizer import load_tokenizer
 from ai_evolution.sim import SimExecutor, sim_engine, step_cost
-from engine_helpers import COST, SMALL, cdiv, check_done, greedy, schedule, solo
+from engine_helpers import PROPS, COST, SMALL, cdiv, check_done, greedy, schedule, solo
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 POLICIES = ("static", "continuous")
 MAX_LEN = 96      # tiny-es
 SMALL_LEN = 40    # the small random model
-PROPS = dict(derandomize=True, database=None, deadline=None,
-             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 # --- fixtures and helpers -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def small():
-    return random_model(SMALL, seed=3, init_std=0.2)
-
-
 @pytest.fixture(scope="module")
 def workload(tiny):
     """10 requests on tiny-es: prompts of 1..60 tokens (most longer than the small budgets), 1..16
