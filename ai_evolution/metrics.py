@@ -6,11 +6,11 @@ vLLM's and most load generators' reports.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from .engine.request import Request
+from .engine.request import FinishReason, Request
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -24,7 +24,10 @@ def summarize(requests: Sequence[Request]) -> dict:
 
     - ``throughput_tok_s``: generated tokens / (last finish - first arrival);
     - ``ttft_*``: arrival -> first token; ``tpot_*``: mean gap between a request's tokens after
-      the first (requests with one token have none); ``e2e_*``: arrival -> finish.
+      the first (requests with one token have none); ``e2e_*``: arrival -> finish;
+    - ``*_p50_s``, ``*_p90_s``, ``*_p99_s``: percentiles (``percentile``);
+    - ``realized_rate``: the arrival rate the run offered, ``(n - 1) / (last - first arrival)``
+      (``loadgen.realized_rate``), NaN when undefined (one request, or all arriving at once).
     """
     done = [r for r in requests if r.finish_time is not None]
     if not done:
@@ -42,4 +45,109 @@ def summarize(requests: Sequence[Request]) -> dict:
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
         "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99),
         "e2e_p50_s": percentile(e2e, 50), "e2e_p99_s": percentile(e2e, 99),
+        "ttft_p90_s": percentile(ttft, 90), "tpot_p90_s": percentile(tpot, 90),
+        "e2e_p90_s": percentile(e2e, 90),
+        "realized_rate": _arrival_rate([r.arrival_time for r in done]),
     }
+
+
+def _arrival_rate(times: Sequence[float]) -> float:
+    span = max(times) - min(times)
+    return (len(times) - 1) / span if len(times) > 1 and span > 0 else float("nan")
+
+
+def bootstrap_ci(values: Sequence[float], stat: Callable | None = None, q: float | None = None,
+                 n_boot: int = 1000, alpha: float = 0.05, seed: int | None = 0
+                 ) -> tuple[float, float]:
+    """Percentile-bootstrap ``(low, high)`` interval of a statistic of ``values``, at confidence
+    ``1 - alpha``.
+
+    The statistic is the ``q``-th percentile (``q`` in 0..100, same convention as
+    ``percentile``) when ``q`` is given, ``stat`` when it is a callable (``np.mean``,
+    ``np.median``...; called as ``stat(matrix, axis=1)`` when it accepts ``axis``, else row by
+    row), and the mean when neither is given. ``n_boot`` resamples of ``len(values)`` draws with
+    replacement, taken at once as a matrix of indices from ``np.random.default_rng(seed)`` (in
+    chunks, to bound memory); the interval is the ``alpha / 2`` and ``1 - alpha / 2`` quantiles
+    of the resampled statistics. Same seed, same interval.
+
+    ``None`` values are dropped (as in ``percentile``); an empty input, a NaN/infinite value,
+    both ``stat`` and ``q``, or bad ``n_boot``/``alpha`` raise ``ValueError``.
+
+    NOTE: a p99 from a few hundred requests rests on its few largest values; its interval is wide
+    and, below ~100 / (100 - q) samples, the bootstrap cannot see beyond the sample maximum.
+    """
+    x = np.asarray([v for v in values if v is not None], dtype=float)
+    if x.size == 0:
+        raise ValueError("bootstrap_ci necesita al menos un valor; se recibió una secuencia vacía")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("bootstrap_ci: los valores deben ser números finitos (sin NaN ni inf)")
+    if stat is not None and q is not None:
+        raise ValueError("pase stat (una función) o q (un percentil 0..100), no ambos")
+    if q is not None and not 0 <= q <= 100:
+        raise ValueError(f"q debe ser un percentil entre 0 y 100; se recibió {q!r}")
+    if stat is not None and not callable(stat):
+        raise ValueError(f"stat debe ser una función (p. ej. np.mean); se recibió {stat!r}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
+        raise ValueError(f"n_boot debe ser un entero >= 1; se recibió {n_boot!r}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha debe estar entre 0 y 1 (0.05 = intervalo del 95 %); "
+                         f"se recibió {alpha!r}")
+    if q is not None:
+        rows = lambda m: np.percentile(m, q, axis=1)  # noqa: E731
+    elif stat is None:
+        rows = lambda m: m.mean(axis=1)  # noqa: E731
+    else:
+        def rows(m: np.ndarray) -> np.ndarray:
+            try:
+                out = np.asarray(stat(m, axis=1), dtype=float)
+                if out.shape == (m.shape[0],):
+                    return out
+            except TypeError:
+                pass
+            return np.array([float(stat(row)) for row in m])
+    rng = np.random.default_rng(seed)
+    n = x.size
+    chunk = max(1, min(int(n_boot), 4_000_000 // n))
+    stats = []
+    for start in range(0, int(n_boot), chunk):
+        k = min(chunk, int(n_boot) - start)
+        stats.append(rows(x[rng.integers(0, n, (k, n))]))
+    boot = np.concatenate(stats)
+    low, high = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+    return float(low), float(high)
+
+
+def goodput(requests: Sequence[Request], ttft_slo_s: float | None = None,
+            tpot_slo_s: float | None = None) -> float:
+    """Requests per second that met every given SLO (service-level objective).
+
+    A request is *good* when it finished with at least one token (not aborted or rejected), its TTFT is <= ``ttft_slo_s``
+    (if given) and its TPOT is <= ``tpot_slo_s`` (if given; a one-token request has no TPOT and
+    meets any TPOT SLO). Goodput = good requests / the run's span, from the first arrival to the
+    last finish of the finished requests (the same span as ``summarize``'s throughput), so with
+    no SLO it is the completed-request rate, and it can only drop as SLOs tighten. Unfinished
+    requests count as not good. No finished request raises ``ValueError``; a zero span gives NaN.
+
+    Throughput alone hides a server that is fast on average but misses its latency targets;
+    goodput (DistServe, Zhong et al., 2024) counts only the requests a user was happy with.
+    """
+    for name, slo in (("ttft_slo_s", ttft_slo_s), ("tpot_slo_s", tpot_slo_s)):
+        if slo is not None and (isinstance(slo, bool) or not isinstance(slo, (int, float))
+                                or not slo >= 0):
+            raise ValueError(f"{name} debe ser un número >= 0 (segundos) o None; se recibió {slo!r}")
+    done = [r for r in requests if r.finish_time is not None]
+    if not done:
+        raise ValueError("no hay peticiones terminadas para calcular el goodput")
+    span = max(r.finish_time for r in done) - min(r.arrival_time for r in done)
+
+    def good(r: Request) -> bool:
+        if r.first_token_time is None or r.finish_reason in (FinishReason.ABORT,
+                                                             FinishReason.REJECTED):
+            return False
+        if ttft_slo_s is not None and not r.ttft <= ttft_slo_s:
+            return False
+        tpot = r.tpot
+        return tpot_slo_s is None or tpot is None or tpot <= tpot_slo_s
+
+    n_good = sum(good(r) for r in done)
+    return n_good / span if span > 0 else float("nan")

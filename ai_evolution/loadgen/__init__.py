@@ -1,5 +1,9 @@
 """Workloads: how many requests, how long their prompts and outputs, and when they arrive."""
 
+from .arrivals import (LENGTH_KINDS, ClosedLoopRun, burst_arrivals, closed_loop, length_sampler,
+                       open_loop_workload, poisson_arrivals, realized_rate)
 from .workload import WorkItem, capped_exponential_lengths, fixed_prompt_workload
 
-__all__ = ["WorkItem", "capped_exponential_lengths", "fixed_prompt_workload"]
+__all__ = ["WorkItem", "capped_exponential_lengths", "fixed_prompt_workload", "LENGTH_KINDS",
+           "ClosedLoopRun", "burst_arrivals", "closed_loop", "length_sampler",
+           "open_loop_workload", "poisson_arrivals", "realized_rate"]
