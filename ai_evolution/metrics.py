@@ -6,11 +6,13 @@ vLLM's and most load generators' reports.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import numpy as np
 
 from .engine.request import FinishReason, Request
+from .loadgen.arrivals import realized_rate
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -52,8 +54,12 @@ def summarize(requests: Sequence[Request]) -> dict:
 
 
 def _arrival_rate(times: Sequence[float]) -> float:
-    span = max(times) - min(times)
-    return (len(times) - 1) / span if len(times) > 1 and span > 0 else float("nan")
+    """``realized_rate``, but NaN where it is undefined (one request, or all at one instant),
+    so that a summary table stays readable."""
+    if len(times) < 2:
+        return float("nan")
+    rate = realized_rate(times)
+    return rate if math.isfinite(rate) else float("nan")
 
 
 def bootstrap_ci(values: Sequence[float], stat: Callable | None = None, q: float | None = None,

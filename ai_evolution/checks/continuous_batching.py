@@ -11,15 +11,9 @@ from ..engine import LLMEngine, ModelRunner, PolicyError, Request, Scheduler, co
 from ..engine.request import SamplingParams
 from ..loadgen import fixed_prompt_workload
 from ..metrics import summarize
-from ..model import ModelConfig
-from ..sim import RooflineCostModel, SimExecutor
+from ..sim import SimExecutor
 from . import CheckResult, call_student, failed, finish, passed
-from ._engine import trace
-
-# A toy machine for checking schedules: only the order of events matters, not the time.
-_TOY = RooflineCostModel(1e9, 1e12, overhead_s=1e-3, name="toy")
-_TOY_CONFIG = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
-                          intermediate_size=128, vocab_size=100, name="toy")
+from ._engine import TOY_CONFIG, TOY_COST, trace
 
 
 def _policy_cases(seed: int) -> list[tuple[int, list[int], list[int], list[float]]]:
@@ -37,8 +31,8 @@ def _policy_cases(seed: int) -> list[tuple[int, list[int], list[int], list[float
 
 def _schedule(policy, width: int, prompts: list[int], outputs: list[int], arrivals: list[float]):
     """Run a workload on the simulator with ``policy``: per step, (admitted, retired, running)."""
-    engine = LLMEngine(Scheduler(width, 64, policy), SimExecutor(_TOY_CONFIG, _TOY, "fp32"),
-                       _TOY_CONFIG.vocab_size)
+    engine = LLMEngine(Scheduler(width, 64, policy), SimExecutor(TOY_CONFIG, TOY_COST, "fp32"),
+                       TOY_CONFIG.vocab_size)
     items = [(t, [1] * p, SamplingParams(max_tokens=o, ignore_eos=True))
              for t, p, o in zip(arrivals, prompts, outputs)]
     return [(a, r, [rid for rid, _ in s]) for a, r, s, _ in trace(engine, items)]

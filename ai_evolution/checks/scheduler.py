@@ -8,14 +8,9 @@ import numpy as np
 
 from ..engine import (KVCacheManager, LLMEngine, ModelRunner, SamplingParams, Scheduler,
                       newest_unfinished, tokens_for)
-from ..model import ModelConfig
-from ..sim import RooflineCostModel, SimExecutor
+from ..sim import SimExecutor
 from . import CheckResult, call_student, failed, finish, passed
-from ._engine import trace
-
-_TOY = RooflineCostModel(1e9, 1e12, overhead_s=1e-3, name="toy")
-_TOY_CONFIG = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
-                          intermediate_size=128, vocab_size=100, name="toy")
+from ._engine import TOY_CONFIG, TOY_COST, trace
 
 
 def _workloads(seed: int) -> list[dict]:
@@ -34,9 +29,9 @@ def _workloads(seed: int) -> list[dict]:
 
 
 def _engine(case: dict, model=None, **kw) -> tuple[LLMEngine, list]:
-    cfg = model.config if model is not None else _TOY_CONFIG
+    cfg = model.config if model is not None else TOY_CONFIG
     kv = KVCacheManager(case["blocks"], 4, 64, enable_prefix_caching=False)
-    executor = ModelRunner.for_kv(model, kv) if model is not None else SimExecutor(cfg, _TOY, "fp32")
+    executor = ModelRunner.for_kv(model, kv) if model is not None else SimExecutor(cfg, TOY_COST, "fp32")
     engine = LLMEngine(Scheduler(case["width"], 64, "continuous", kv=kv,
                                  max_num_batched_tokens=case["budget"],
                                  enable_chunked_prefill=case.get("chunked", True), **kw),

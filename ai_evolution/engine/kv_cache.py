@@ -226,9 +226,6 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.tables[request_id]]
 
-    def slot_of(self, request_id: str) -> int:
-        return self.tables[request_id][0].block_id
-
     @property
     def owners(self) -> dict[str, int]:
         return {rid: t[0].block_id for rid, t in self.tables.items() if t}

@@ -22,9 +22,10 @@ from ..fmt import es
 from ..hardware import get_device_spec, measure_bandwidth
 from ..loadgen import WorkItem, capped_exponential_lengths, fixed_prompt_workload
 from ..metrics import summarize
-from ..model import dtype_bytes, get_preset, load_pretrained, random_model
+from ..model import get_preset
 from ..sim import RooflineCostModel, fit_cost_model, sim_engine, step_cost
-from .contract import evidence as _ev, timing_limitation
+from . import roofline
+from .contract import datasheet_sim_limitation, evidence as _ev, timing_limitation
 from .registry import LabParamError, LabSpec, Param
 
 MODELS = ("tiny-es", "smollm2-135m", "cpu-200m")
@@ -32,9 +33,8 @@ POLICY_NAMES = ("static", "continuous")
 
 
 def load_model(name: str, seed: int, device: torch.device):
-    if name == "tiny-es":
-        return load_pretrained(name, device=device)
-    return random_model(get_preset(name), seed=seed, device=device).eval()
+    """The served model in fp32 (tiny-es trained, presets with seeded random weights)."""
+    return roofline.load_model(name, seed, torch.float32, device)
 
 
 def workload(num_requests: int, prompt_len: int, mean_output: float, cap: int, vocab_size: int,
@@ -200,8 +200,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         "relleno, como generate de transformers, sí lo haría): la comparación favorece al estático.",
         "El prefill de las peticiones admitidas va en el mismo paso que la decodificación de las "
         "demás, sin presupuesto de tokens; el capítulo 5 lo trocea.",
-        "El simulador de centro de datos usa el roofline de la hoja técnica sin overhead: es una "
-        "cota optimista del tiempo de cada paso, no una medida.",
+        datasheet_sim_limitation(),
         timing_limitation(reps),
     ]
     return {"environment": {"model": cfg.name, "dtype": dtype_name}, "results": results,

@@ -18,9 +18,9 @@ from ..generation import generate
 from ..model import (MemoryBudget, dtype_bytes, get_preset, kv_bytes, kv_bytes_per_token,
                      memory_budget, param_count)
 from ..model.attention import ContiguousKVCache
-from ..model.checkpoint import load_pretrained, random_model
 from ..timing import fit_growth, step_times
 from .contract import evidence as _ev, timing_limitation
+from .roofline import load_model as roofline_load_model
 from .registry import LabParamError, LabSpec, Param
 
 ARITHMETIC_PRESETS = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.3",
@@ -48,9 +48,7 @@ def worked_examples() -> dict[str, MemoryBudget]:
 
 def load_timing_model(name: str, seed: int, device: torch.device):
     """The shipped model with its trained weights, or a preset with seeded random weights."""
-    if name == "tiny-es":
-        return load_pretrained(name, device=device)
-    return random_model(get_preset(name), seed=seed, device=device)
+    return roofline_load_model(name, seed, torch.float32, device)
 
 
 def cached_vs_uncached_logits(model, prompt: list[int], n_steps: int) -> float:

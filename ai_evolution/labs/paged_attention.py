@@ -23,12 +23,11 @@ from ..loadgen import WorkItem, capped_exponential_lengths
 from ..metrics import summarize
 from ..model import get_preset, kv_bytes_per_token
 from ..sim import RooflineCostModel, SimExecutor
-from .contract import evidence as _ev, timing_limitation
-from .continuous_batching import load_model
+from .contract import datasheet_sim_limitation, evidence as _ev, timing_limitation
+from .continuous_batching import MODELS, load_model
 from .kv_cache import worked_examples
 from .registry import LabParamError, LabSpec, Param
 
-MODELS = ("tiny-es", "smollm2-135m", "cpu-200m")
 
 
 def varied_workload(num_requests: int, prompt_len: int, mean_output: float, cap: int,
@@ -244,7 +243,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         "(gather); un kernel real los lee en su sitio.",
         "La caché de prefijos solo reutiliza bloques llenos; el último token del prompt siempre se "
         "calcula.",
-        "El simulador de centro de datos usa el roofline de la hoja técnica sin overhead.",
+        datasheet_sim_limitation(),
         timing_limitation(1),
     ]
     return {"environment": {"model": cfg.name}, "results": results, "evidence": evidence,

@@ -20,12 +20,11 @@ from ..hardware import get_device_spec
 from ..metrics import percentile, summarize
 from ..model import get_preset
 from ..sim import RooflineCostModel, SimExecutor
-from .contract import evidence as _ev, timing_limitation
-from .continuous_batching import load_model
+from .contract import datasheet_sim_limitation, evidence as _ev, timing_limitation
+from .continuous_batching import MODELS, load_model
 from .paged_attention import varied_workload
 from .registry import LabParamError, LabSpec, Param
 
-MODELS = ("tiny-es", "smollm2-135m", "cpu-200m")
 
 
 def long_prompt_arrival(engine: LLMEngine, vocab_size: int, decoders: int, decoder_prompt: int,
@@ -172,7 +171,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     limitations = [
         f"El modelo medido ({cfg.name}) es pequeño: su prefill de {params['long_prompt']} tokens "
         "cuesta pocos pasos de decodificación; en un modelo grande la diferencia es mayor.",
-        "El simulador usa el roofline de la hoja técnica sin overhead.",
+        datasheet_sim_limitation(),
         "La expulsión es por recálculo; vLLM v0 también podía copiar bloques a la CPU (swap).",
         timing_limitation(1),
     ]
