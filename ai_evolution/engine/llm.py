@@ -111,7 +111,9 @@ class LLMEngine:
             request_id = str(next(self._ids))
             while request_id in self.requests:
                 request_id = str(next(self._ids))
-        elif request_id in self.requests:
+        elif request_id in self.requests or any(r.request_id == request_id
+                                                for r in self.scheduler.running):
+            # (a released request may still hold KV until the scheduler retires it)
             raise RequestRejected(f"ya existe una petición con request_id={request_id!r}; usa un "
                                   "request_id que no esté en engine.requests, o None para que el "
                                   "motor asigne uno")
@@ -147,6 +149,24 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def release(self, request_id: str) -> Request:
+        """Forget a finished (or aborted) request: drop it from ``requests`` and return it.
+
+        ``requests`` keeps every request ever added, so that a lab can read their timing records
+        afterwards; a long-running server calls this once it has reported a request, so that
+        memory stays bounded. The scheduler still retires the request (and frees its KV) at its
+        next ``schedule()``, as for any finished request. An unknown id, or a request that has not
+        finished, raises ``KeyError`` / ``ValueError`` and changes nothing.
+        """
+        req = self.requests.get(request_id)
+        if req is None:
+            raise KeyError(f"no hay ninguna petición con request_id={request_id!r} en engine.requests")
+        if not req.is_finished:
+            raise ValueError(f"la petición {request_id!r} no ha terminado (estado "
+                             f"{req.status.value}): termínela o abórtela (abort_request) antes de "
+                             "liberarla")
+        return self.requests.pop(request_id)
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, execute, record. Returns the requests that got a token."""

@@ -87,8 +87,45 @@ class SamplingParams:
         return out
 
 
+class TimingRecord:
+    """Latency metrics from a timing record: ``arrival_time``, ``first_token_time``,
+    ``token_times`` (one per token) and ``finish_time``, in seconds of one clock; each metric is
+    None until the times it needs exist. Shared by the engine's ``Request`` and the HTTP load
+    generator's records, so that both are summarized by the same code."""
+
+    arrival_time: float | None
+    first_token_time: float | None
+    token_times: list[float]
+    finish_time: float | None
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token: arrival -> first token."""
+        if self.first_token_time is None or self.arrival_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def itls(self) -> list[float]:
+        """Inter-token latencies: the gaps between consecutive tokens."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (last - first) / (n - 1)."""
+        n = len(self.token_times)
+        return None if n < 2 else (self.token_times[-1] - self.token_times[0]) / (n - 1)
+
+    @property
+    def e2e_latency(self) -> float | None:
+        """Arrival -> finish."""
+        if self.finish_time is None or self.arrival_time is None:
+            return None
+        return self.finish_time - self.arrival_time
+
+
 @dataclass(eq=False)
-class Request:
+class Request(TimingRecord):
     """One prompt on its way through the engine (compared by identity: two requests are the same
     only if they are the same object, so a copy can never stand in for the original).
 
@@ -135,28 +172,6 @@ class Request:
         if self.eos_token_id is not None and not self.sampling_params.ignore_eos:
             ids.add(self.eos_token_id)
         return ids
-
-    # --- timing metrics (None until they exist) ---------------------------------------------
-    @property
-    def ttft(self) -> float | None:
-        """Time to first token: arrival -> first token."""
-        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
-
-    @property
-    def itls(self) -> list[float]:
-        """Inter-token latencies: the gaps between consecutive tokens."""
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
-
-    @property
-    def tpot(self) -> float | None:
-        """Time per output token after the first: (last - first) / (n - 1)."""
-        n = len(self.token_times)
-        return None if n < 2 else (self.token_times[-1] - self.token_times[0]) / (n - 1)
-
-    @property
-    def e2e_latency(self) -> float | None:
-        """Arrival -> finish."""
-        return None if self.finish_time is None else self.finish_time - self.arrival_time
 
 
 @dataclass

@@ -1,0 +1,80 @@
+"""``python -m ai_evolution.server --model tiny-es --port 8000``: the OpenAI-compatible server.
+
+Flags name the engine's knobs (``--max-num-seqs``, ``--kv-layout``, ``--num-blocks``,
+``--block-size``, ``--max-model-len``...) and the admission bound ``--max-waiting``. Point any
+OpenAI client at ``http://HOST:PORT/v1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import uvicorn
+
+from ..engine.llm import KV_LAYOUTS, LLM
+from ..model.tokenizer import shipped_names
+from .app import create_app
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ai_evolution.server",
+        description="Servidor HTTP compatible con la API de OpenAI alrededor del motor de "
+                    "ai_evolution (/v1/completions, /v1/chat/completions, /v1/models, /health, "
+                    "/metrics).")
+    p.add_argument("--model", default="tiny-es",
+                   help=f"modelo incluido ({', '.join(shipped_names()) or 'ninguno'}) o carpeta de "
+                        "un checkpoint de Hugging Face (por defecto: tiny-es)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizador (nombre incluido o carpeta); por defecto, el del modelo")
+    p.add_argument("--served-model-name", default=None,
+                   help="nombre que los clientes ponen en 'model' (por defecto: el de --model)")
+    p.add_argument("--host", default="127.0.0.1", help="dirección de escucha (por defecto 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="puerto (por defecto 8000)")
+    p.add_argument("--max-num-seqs", type=int, default=16,
+                   help="peticiones máximas en el lote (por defecto 16)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="tokens máximos por petición, prompt + salida (por defecto: los del modelo)")
+    p.add_argument("--kv-layout", choices=KV_LAYOUTS, default="paged",
+                   help="disposición de la caché KV (por defecto paged)")
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help="bloques de la caché paginada (por defecto: la memoria de max-num-seqs filas)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens por bloque (por defecto 16)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="desactiva la caché de prefijos")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="presupuesto de tokens por paso (por defecto: sin límite)")
+    p.add_argument("--enable-chunked-prefill", action="store_true", help="prefill troceado")
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="peticiones en cola como máximo; más allá se responde 503 (por defecto 256)")
+    p.add_argument("--device", default=None, help="cpu o cuda (por defecto cpu)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="hilos de PyTorch en CPU (torch.set_num_threads)")
+    p.add_argument("--log-level", default="info",
+                   choices=("critical", "error", "warning", "info", "debug"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    tokenizer = args.tokenizer
+    if tokenizer is None and args.model not in shipped_names():
+        folder = Path(args.model)
+        tokenizer = folder if (folder / "tokenizer.json").is_file() else None
+    llm = LLM(args.model, tokenizer=tokenizer, max_num_seqs=args.max_num_seqs,
+              max_model_len=args.max_model_len, kv_layout=args.kv_layout,
+              block_size=args.block_size, num_blocks=args.num_blocks,
+              enable_prefix_caching=not args.no_prefix_caching,
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              enable_chunked_prefill=args.enable_chunked_prefill, device=args.device)
+    name = args.served_model_name or Path(str(args.model)).name
+    app = create_app(llm.engine, llm.tokenizer, model_name=name, max_waiting=args.max_waiting)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=5)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""The FastAPI application: OpenAI's ``/v1/completions`` and ``/v1/chat/completions`` (with and
+without streaming), ``/v1/models``, ``/health`` and ``/metrics``, around one ``EngineLoop``.
+
+A request goes through three gates before it costs the engine anything: the JSON types
+(pydantic, answered by ``protocol.validation_error``), the model name (404), and the prompt and
+sampling parameters against the engine's limits (400). It then joins the engine's inbox, unless
+the waiting queue is full (503 with ``Retry-After``). With ``stream: true`` the answer is a
+server-sent event per generated token (``data: {json}\\n\\n``; the last token's event carries the
+``finish_reason``), an optional usage event, and ``data: [DONE]``. A client that disconnects has
+its request aborted in the engine, which frees its KV blocks at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..engine.request import RequestRejected, validate_prompt
+from . import protocol as P
+from .chat_template import apply_chat_template
+from .detokenize import IncrementalDetokenizer
+from .engine_loop import EngineLoop, EngineStopped, Event, QueueFull, RequestHandle
+from .metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+RETRY_AFTER_S = 1
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the log does
+
+
+class ServerState:
+    """What the handlers share: the engine loop, the tokenizer and the served model's name."""
+
+    def __init__(self, engine, tokenizer, model_name: str, max_waiting: int | None,
+                 metrics: ServerMetrics) -> None:
+        self.loop = EngineLoop(engine, metrics, max_waiting=max_waiting)
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.metrics = metrics
+        self.vocab_size = engine.vocab_size        # fixed at construction: safe to read here
+        self.max_model_len = engine.max_model_len
+        self.created = int(time.time())
+
+
+def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
+               max_waiting: int | None = 256) -> FastAPI:
+    """An app serving ``engine`` (an ``LLMEngine``) under ``model_name``. ``tokenizer`` turns
+    text prompts into ids (without it only token-id prompts work, and responses carry no text).
+    The engine thread starts and stops with the app (its lifespan)."""
+    state = ServerState(engine, tokenizer, model_name, max_waiting, ServerMetrics())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.loop.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.loop.stop)
+
+    app = FastAPI(title="ai_evolution: servidor compatible con OpenAI", lifespan=lifespan)
+    app.state.server = state
+    _install_error_handlers(app, state)
+
+    @app.get("/health")
+    async def health():
+        if not state.loop.alive:
+            raise P.APIError(503, "el motor no está en marcha", type="server_error",
+                             code="engine_not_running")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": state.model_name, "object": "model", "created": state.created,
+            "owned_by": "ai_evolution", "max_model_len": state.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(body: P.CompletionRequest, request: Request):
+        received = time.perf_counter()
+        _check_model(state, body.model)
+        prompt = P.completion_prompt(body.prompt, state.tokenizer)
+        ids = state.tokenizer.encode(prompt, add_bos=True) if isinstance(prompt, str) else prompt
+        ids = _checked_prompt(state, ids, "prompt")
+        params = P.to_sampling_params(body, len(ids), state.max_model_len, state.vocab_size,
+                                      default_max_tokens=16)
+        return await _generate(state, request, "completion", body, ids, params, received)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: P.ChatCompletionRequest, request: Request):
+        received = time.perf_counter()
+        _check_model(state, body.model)
+        messages = P.chat_messages(body.messages)
+        if state.tokenizer is None:
+            raise P.APIError(400, "este servidor no tiene tokenizador: el chat necesita uno; usa "
+                                  "/v1/completions con ids de token", param="messages")
+        ids = _checked_prompt(state, apply_chat_template(state.tokenizer, messages), "messages")
+        params = P.to_sampling_params(body, len(ids), state.max_model_len, state.vocab_size,
+                                      default_max_tokens=None)
+        return await _generate(state, request, "chat", body, ids, params, received)
+
+    return app
+
+
+# --- helpers -----------------------------------------------------------------------------------
+def _check_model(state: ServerState, model: str) -> None:
+    if model != state.model_name:
+        raise P.APIError(404, f"el modelo '{model}' no existe en este servidor; modelos "
+                              f"disponibles: {state.model_name}", param="model",
+                         code="model_not_found")
+
+
+def _checked_prompt(state: ServerState, ids: list[int], param: str) -> list[int]:
+    try:
+        return validate_prompt(ids, state.vocab_size, state.max_model_len)
+    except RequestRejected as err:
+        raise P.APIError(400, str(err), param=param) from None
+
+
+async def _generate(state: ServerState, request: Request, kind: str, body, ids: list[int],
+                    params, received: float):
+    try:
+        handle = state.loop.submit(ids, params, received)
+    except QueueFull as err:
+        state.metrics.outcome("overloaded")
+        raise P.APIError(503, str(err), type="server_error", code="server_overloaded",
+                         headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    except EngineStopped as err:
+        raise P.APIError(503, str(err), type="server_error", code="engine_not_running") from None
+    try:
+        first = await handle.queue.get()
+    except BaseException:
+        state.loop.abort(handle)
+        raise
+    if first.kind == "error":
+        _raise_event_error(first, "prompt" if kind == "completion" else "messages")
+    rid = P.new_id("cmpl" if kind == "completion" else "chatcmpl")
+    created = P.now_s()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        progress = {"finished": False}
+        return _EngineStream(
+            _stream(state, handle, kind, rid, created, body.model, include_usage, progress),
+            on_close=lambda: progress["finished"] or state.loop.abort(handle),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await _complete(state, request, handle, kind, rid, created, body.model)
+
+
+def _raise_event_error(event: Event, param: str | None) -> None:
+    if event.status == 400:
+        raise P.APIError(400, event.message or "petición rechazada", param=param)
+    raise P.APIError(event.status, event.message or "error interno", type="server_error")
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Returns when the client closes its connection (the body has already been read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _complete(state: ServerState, request: Request, handle: RequestHandle, kind: str,
+                    rid: str, created: int, model: str):
+    """Non-streaming: collect every token, watching for the client to leave meanwhile."""
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    tokens: list[int] = []
+    finish_reason = None
+    try:
+        while finish_reason is None:
+            getter = asyncio.ensure_future(handle.queue.get())
+            done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                state.loop.abort(handle)
+                return Response(status_code=CLIENT_CLOSED)
+            event = getter.result()
+            if event.kind == "error":
+                _raise_event_error(event, None)
+            tokens.extend(event.token_ids)
+            finish_reason = event.finish_reason
+    except BaseException:
+        state.loop.abort(handle)
+        raise
+    finally:
+        watcher.cancel()
+    text = state.tokenizer.decode(tokens) if state.tokenizer is not None else ""
+    build = P.completion_response if kind == "completion" else P.chat_response
+    return JSONResponse(build(rid, created, model, text, finish_reason,
+                              len(handle.prompt_token_ids), len(tokens)))
+
+
+class _EngineStream(StreamingResponse):
+    """A streaming response that calls ``on_close`` however it ends: normally, on a client
+    disconnect (Starlette cancels the body), or before the body even started."""
+
+    def __init__(self, content, *, on_close, **kw) -> None:
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _sse(payload) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+async def _stream(state: ServerState, handle: RequestHandle, kind: str, rid: str, created: int,
+                  model: str, include_usage: bool, progress: dict):
+    """The SSE body. Starlette cancels it when the client disconnects; ``_EngineStream`` then
+    aborts the request unless ``progress["finished"]`` says the engine is done with it."""
+    detok = IncrementalDetokenizer(state.tokenizer) if state.tokenizer is not None else None
+    n_out, finished = 0, False
+
+    def chunk(text: str, reason: str | None) -> dict:
+        if kind == "completion":
+            return P.completion_chunk(rid, created, model, text, reason, include_usage)
+        return P.chat_chunk(rid, created, model, {"content": text} if text or reason is None
+                            else {}, reason, include_usage)
+
+    if kind == "chat":
+        yield _sse(P.chat_chunk(rid, created, model, {"role": "assistant", "content": ""},
+                                None, include_usage))
+    while not finished:
+        event = await handle.queue.get()
+        if event.kind == "error":  # the engine has already dropped the request
+            progress["finished"] = True
+            yield _sse(P.error_body(event.message or "error interno", "server_error"))
+            return
+        reason = event.finish_reason
+        finished = progress["finished"] = reason is not None
+        if not event.token_ids and reason is not None:
+            yield _sse(chunk(detok.flush() if detok else "", reason))
+        for i, token in enumerate(event.token_ids):
+            last = reason is not None and i == len(event.token_ids) - 1
+            text = detok.push(token) if detok else ""
+            if last and detok:
+                text += detok.flush()
+            n_out += 1
+            yield _sse(chunk(text, reason if last else None))
+    if include_usage:
+        obj = "text_completion" if kind == "completion" else "chat.completion.chunk"
+        yield _sse(P.usage_chunk(rid, created, model, obj, len(handle.prompt_token_ids), n_out))
+    yield _sse("[DONE]")
+
+
+def _install_error_handlers(app: FastAPI, state: ServerState) -> None:
+    def reply(request: Request, err: P.APIError) -> JSONResponse:
+        if request.url.path in GENERATION_PATHS and 400 <= err.status < 500:
+            state.metrics.outcome("rejected")
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    @app.exception_handler(P.APIError)
+    async def api_error(request: Request, err: P.APIError):
+        return reply(request, err)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError):
+        return reply(request, P.validation_error(list(err.errors())))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):
+        if err.status_code == 404:
+            message = f"no existe la ruta {request.url.path}; rutas: /v1/completions, " \
+                      "/v1/chat/completions, /v1/models, /health, /metrics"
+        elif err.status_code == 405:
+            message = f"el método {request.method} no está permitido en {request.url.path}"
+        else:
+            message = str(err.detail)
+        return JSONResponse(P.error_body(message, "invalid_request_error"),
+                            status_code=err.status_code, headers=getattr(err, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, err: Exception):
+        log.exception("unhandled error")
+        return JSONResponse(P.error_body(f"error interno del servidor: {type(err).__name__}",
+                                         "server_error"), status_code=500)

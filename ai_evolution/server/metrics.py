@@ -1,0 +1,105 @@
+"""The server's Prometheus metrics (``GET /metrics``), named after vLLM's.
+
+Each app gets its own ``CollectorRegistry`` (not the process-wide default), so that several
+servers can live in one process (tests, a notebook) without sharing counters. The engine thread
+updates the gauges after every step and observes the latency histograms as requests progress;
+``prometheus_client`` metrics are thread-safe.
+
+=================================================  =========  ========================================
+name                                               kind       meaning
+=================================================  =========  ========================================
+``ai_evolution:num_requests_running``              gauge      requests in the batch, unfinished
+``ai_evolution:num_requests_waiting``              gauge      accepted, not yet admitted (queue)
+``ai_evolution:kv_cache_blocks_used``              gauge      KV blocks (or contiguous rows) held
+``ai_evolution:kv_cache_blocks_total``             gauge      KV blocks (or rows) in the cache
+``ai_evolution:kv_cache_usage_perc``               gauge      used / total (0..1)
+``ai_evolution:prefix_cache_queries_total``        counter    prompt tokens looked up in the cache
+``ai_evolution:prefix_cache_hits_total``           counter    of those, tokens found cached
+``ai_evolution:prefix_cache_hit_rate``             gauge      hits / queries since start
+``ai_evolution:num_preemptions_total``             counter    preemptions by recompute
+``ai_evolution:requests_total{outcome}``           counter    stop, length, abort, rejected,
+                                                              overloaded, error
+``ai_evolution:prompt_tokens_total``               counter    prompt tokens of admitted requests
+``ai_evolution:generation_tokens_total``           counter    tokens generated
+``ai_evolution:time_to_first_token_seconds``       histogram  TTFT (arrival at the HTTP layer on)
+``ai_evolution:time_per_output_token_seconds``     histogram  TPOT of each finished request
+``ai_evolution:e2e_request_latency_seconds``       histogram  arrival -> finish (stop/length)
+=================================================  =========  ========================================
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "ai_evolution:"
+OUTCOMES = ("stop", "length", "abort", "rejected", "overloaded", "error")
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                0.75, 1.0, 2.5, 5.0)
+E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
+
+
+class ServerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.running = Gauge(PREFIX + "num_requests_running", "Requests in the running batch.",
+                             registry=r)
+        self.waiting = Gauge(PREFIX + "num_requests_waiting",
+                             "Requests accepted and waiting to be admitted.", registry=r)
+        self.blocks_used = Gauge(PREFIX + "kv_cache_blocks_used", "KV blocks held.", registry=r)
+        self.blocks_total = Gauge(PREFIX + "kv_cache_blocks_total", "KV blocks in the cache.",
+                                  registry=r)
+        self.usage = Gauge(PREFIX + "kv_cache_usage_perc", "Fraction of KV blocks held (0..1).",
+                           registry=r)
+        self.prefix_queries = Counter(PREFIX + "prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache.", registry=r)
+        self.prefix_hits = Counter(PREFIX + "prefix_cache_hits",
+                                   "Prompt tokens found in the prefix cache.", registry=r)
+        self.hit_rate = Gauge(PREFIX + "prefix_cache_hit_rate",
+                              "Prefix-cache hit tokens / queried tokens since start.", registry=r)
+        self.preemptions = Counter(PREFIX + "num_preemptions", "Preemptions by recompute.",
+                                   registry=r)
+        self.requests = Counter(PREFIX + "requests", "Requests by outcome.", ["outcome"],
+                                registry=r)
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)  # export every outcome from the start, at 0
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens admitted.",
+                                     registry=r)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.",
+                                         registry=r)
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token.",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram(PREFIX + "time_per_output_token_seconds",
+                              "Time per output token after the first.", buckets=TPOT_BUCKETS,
+                              registry=r)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Arrival to finish.",
+                             buckets=E2E_BUCKETS, registry=r)
+        self._seen = {"queries": 0, "hits": 0, "preemptions": 0}
+
+    def outcome(self, name: str) -> None:
+        self.requests.labels(name).inc()
+
+    def update_engine(self, engine, inbox_waiting: int = 0) -> None:
+        """Refresh the gauges from the engine (call from the engine's thread)."""
+        sched = engine.scheduler
+        self.running.set(sum(1 for r in sched.running if not r.is_finished))
+        self.waiting.set(len(sched.waiting) + inbox_waiting)
+        u = engine.kv_usage()
+        self.blocks_used.set(u["blocks_used"])
+        self.blocks_total.set(u["blocks_total"])
+        self.usage.set(u["blocks_used"] / u["blocks_total"] if u["blocks_total"] else 0.0)
+        queries, hits = u.get("prefix_queried_tokens", 0), u.get("prefix_hit_tokens", 0)
+        self._advance(self.prefix_queries, "queries", queries)
+        self._advance(self.prefix_hits, "hits", hits)
+        self._advance(self.preemptions, "preemptions", u["num_preemptions"])
+        self.hit_rate.set(hits / queries if queries else 0.0)
+
+    def _advance(self, counter: Counter, key: str, total: int) -> None:
+        """Counters only go up: add what the engine's cumulative number grew since last time."""
+        delta = total - self._seen[key]
+        if delta > 0:
+            counter.inc(delta)
+        self._seen[key] = max(total, self._seen[key])
