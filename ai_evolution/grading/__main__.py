@@ -1,0 +1,57 @@
+"""CLI: ``python -m ai_evolution.grading --lab KIND FOLDER [--out DIR] [--timeout S] [--jobs N]``.
+
+Grades every ``*.ipynb`` directly inside FOLDER (one per student; the student id is the file
+name without extension) and writes ``OUT/gradebook.csv``, ``OUT/feedback/<id>.md`` and
+``OUT/executed/<id>.ipynb``. Exit code 0 when grading completed, whatever the students scored;
+2 for a usage error (unknown lab, missing folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import DEFAULTS, grade_folder
+from .assessment import AssessmentError, available_kinds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ai_evolution.grading",
+                                     description="Corrector automático de los laboratorios.")
+    parser.add_argument("folder", type=Path, help="carpeta con un cuaderno .ipynb por estudiante")
+    parser.add_argument("--lab", required=True, help="tipo de laboratorio (p. ej. kv_cache)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="carpeta de salida (por defecto FOLDER/grading)")
+    parser.add_argument("--timeout", type=float, default=DEFAULTS["timeout_s"],
+                        help="segundos por cuaderno entero (por defecto %(default)s)")
+    parser.add_argument("--cell-timeout", type=float, default=DEFAULTS["cell_timeout_s"],
+                        help="segundos por celda antes de interrumpirla (por defecto %(default)s)")
+    parser.add_argument("--memory-mb", type=int, default=DEFAULTS["memory_mb"],
+                        help="MiB de memoria por cuaderno (por defecto %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1, help="cuadernos a la vez (por defecto 1)")
+    parser.add_argument("--seed", type=int, default=0, help="semilla inyectada (por defecto 0)")
+    parser.add_argument("--assessments", type=Path, default=None,
+                        help="carpeta de evaluaciones (por defecto assessments/ del repositorio)")
+    parser.add_argument("--keep-scratch", action="store_true",
+                        help="no borrar las copias de trabajo (para depurar)")
+    args = parser.parse_args(argv)
+    if not args.folder.is_dir():
+        print(f"error: {args.folder} no es una carpeta", file=sys.stderr)
+        return 2
+    try:
+        grades = grade_folder(args.lab, args.folder, out=args.out, timeout_s=args.timeout,
+                              cell_timeout_s=args.cell_timeout, memory_mb=args.memory_mb,
+                              jobs=args.jobs, seed=args.seed, assessments_dir=args.assessments,
+                              keep_scratch=args.keep_scratch, log=sys.stderr)
+    except (AssessmentError, ValueError) as err:
+        kinds = ", ".join(available_kinds(args.assessments))
+        print(f"error: {err} (laboratorios con evaluación: {kinds})", file=sys.stderr)
+        return 2
+    out = args.out or args.folder / "grading"
+    print(f"{len(grades)} cuadernos corregidos; libro de notas: {out / 'gradebook.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

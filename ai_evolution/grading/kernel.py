@@ -1,0 +1,214 @@
+"""The grading cell: runs inside the student's kernel, after the student's last cell.
+
+The autograder appends one cell to every submitted notebook::
+
+    from ai_evolution.grading.kernel import grading_cell
+    grading_cell(globals(), {...job...})
+
+``grading_cell`` calls :func:`grade_namespace` on the kernel's globals and writes the result as
+JSON to a file outside the notebook's working folder, after every criterion (a notebook that
+kills its kernel during grading keeps what was already graded). The tests call
+:func:`grade_namespace` directly with a plain dict, without a kernel.
+
+For each criterion of type ``function``: the name is looked up in the namespace (missing: zero,
+with the reason), the other graded names are bound to the library's references while it is
+checked, and its stages (the public self-check, then the hidden ones) run in order, each under a
+time limit (``SIGALRM``), stopping at the first failure. The contract is exported as JSON; the
+grader's own process validates and scores it (nothing the kernel reports about the contract is
+trusted).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import threading
+import traceback
+from contextlib import contextmanager
+from typing import Any, Callable
+
+from .assessment import Assessment, Criterion, load_assessment, resolve_reference
+
+RESULT_VERSION = 1
+DEFAULT_STAGE_LIMIT_S = 120.0
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def clean(text: Any, limit: int = 600) -> str:
+    """One line, without memory addresses (they change between runs), at most ``limit`` chars."""
+    text = _ADDRESS.sub("", str(text))
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class StageTimeout(BaseException):
+    """A check ran past its time limit (BaseException: a student's ``except Exception`` inside
+    the checked function cannot swallow it)."""
+
+
+@contextmanager
+def _time_limit(seconds: float | None):
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(signum, frame):
+        raise StageTimeout()
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def _references_for_others(ns: dict, assessment: Assessment, graded: Criterion):
+    """Bind every other graded name to the library's reference while ``graded`` is checked."""
+    saved = {}
+    for c in assessment.functions:
+        if c.name != graded.name and c.name in ns:
+            saved[c.name] = ns[c.name]
+            ns[c.name] = resolve_reference(c.reference)
+    try:
+        yield
+    finally:
+        ns.update(saved)
+
+
+def _outcome(passed: bool, message: str, stage: str | None = None, cases: int = 0) -> dict:
+    return {"passed": passed, "message": clean(message, 1200), "stage": stage, "cases": cases}
+
+
+def grade_function(ns: dict, assessment: Assessment, criterion: Criterion, ctx,
+                   stage_limit_s: float | None = DEFAULT_STAGE_LIMIT_S) -> dict:
+    """Public then hidden checks of one student's object; the first failure decides."""
+    name = criterion.name
+    if name not in ns:
+        return _outcome(False, f"no se encontró `{name}` en el cuaderno: la celda que lo define "
+                               "no se ejecutó, falló o cambió de nombre.")
+    obj = ns[name]
+    if obj is None or not callable(obj):
+        return _outcome(False, f"`{name}` no es una función ni una clase (es "
+                               f"{type(obj).__name__}).")
+    cases = hidden_stages = 0
+    with _references_for_others(ns, assessment, criterion):
+        try:
+            stages = list(assessment.stages(criterion, obj, ctx))
+        except Exception as err:  # noqa: BLE001 - a broken hidden_checks module is reported
+            return _outcome(False, f"error interno del corrector al preparar las comprobaciones: "
+                                   f"{type(err).__name__}: {err}")
+        for stage in stages:
+            label = "comprobación pública" if stage.visibility == "public" else "comprobación oculta"
+            try:
+                with _time_limit(stage_limit_s):
+                    result = stage.run()
+            except NotImplementedError as err:
+                hint = str(err).removeprefix("Ejercicio sin resolver.").strip()
+                return _outcome(False, "ejercicio sin resolver (NotImplementedError)"
+                                + (f"; la pista era: {hint}" if hint else "."),
+                                stage.visibility, cases)
+            except StageTimeout:
+                return _outcome(False, f"{label}: superó el límite de {stage_limit_s:g} s "
+                                       "(¿un bucle que no termina?).", stage.visibility, cases)
+            except KeyboardInterrupt:
+                return _outcome(False, f"{label}: se interrumpió al agotarse el tiempo de la "
+                                       "celda (¿un bucle que no termina?).", stage.visibility, cases)
+            except MemoryError:
+                return _outcome(False, f"{label}: se quedó sin memoria.", stage.visibility, cases)
+            except RecursionError:
+                return _outcome(False, f"{label}: recursión infinita.", stage.visibility, cases)
+            except Exception as err:  # noqa: BLE001 - e.g. a return value the check cannot read
+                return _outcome(False, f"{label}: la comprobación no pudo leer el resultado de su "
+                                       f"código ({type(err).__name__}: {err}).", stage.visibility,
+                                cases)
+            if not result.passed:
+                return _outcome(False, f"{label}: {result.message}", stage.visibility, cases)
+            cases += result.cases
+            hidden_stages += stage.visibility == "hidden"
+    publics = len(stages) - hidden_stages
+    parts = [f"{publics} comprobación pública" if publics == 1 else
+             f"{publics} comprobaciones públicas",
+             "1 oculta" if hidden_stages == 1 else f"{hidden_stages} ocultas"]
+    return _outcome(True, f"correcto en {cases} casos ({' y '.join(parts)}).", None, cases)
+
+
+def export_contract(ns: dict) -> tuple[Any, str | None]:
+    """The notebook's ``contract`` as plain JSON data, or None and the reason."""
+    if "contract" not in ns:
+        return None, "el cuaderno no definió la variable `contract` (la celda del contrato no se " \
+                     "ejecutó o falló antes de crearla)."
+    contract = ns["contract"]
+    if not isinstance(contract, dict):
+        return None, f"`contract` debe ser un dict y es {type(contract).__name__}."
+
+    def reject(obj):
+        raise TypeError(f"{type(obj).__name__} no es serializable en JSON")
+
+    try:
+        text = json.dumps(contract, default=reject, allow_nan=True)
+    except (TypeError, ValueError, RecursionError) as err:
+        return None, f"el contrato no se puede escribir como JSON: {err}."
+    data = json.loads(text)
+    # NaN / inf survive the round trip as floats; validate_contract rejects them by path.
+    return data, None
+
+
+def grade_namespace(ns: dict, assessment: Assessment, seed: int,
+                    stage_limit_s: float | None = DEFAULT_STAGE_LIMIT_S,
+                    on_progress: Callable[[dict], None] | None = None,
+                    only: set[str] | None = None) -> dict:
+    """Grade every function criterion on ``ns`` and export the contract."""
+    ctx = assessment.context(seed)
+    result: dict[str, Any] = {"version": RESULT_VERSION, "kind": assessment.kind, "seed": seed,
+                              "functions": {}, "contract": None, "contract_error": None,
+                              "complete": False}
+    for criterion in assessment.functions:
+        if only is not None and criterion.id not in only:
+            continue
+        result["functions"][criterion.id] = grade_function(ns, assessment, criterion, ctx,
+                                                           stage_limit_s)
+        if on_progress:
+            on_progress(result)
+    result["contract"], result["contract_error"] = export_contract(ns)
+    result["complete"] = True
+    if on_progress:
+        on_progress(result)
+    return result
+
+
+def _write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)  # even if the notebook deleted it
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, ensure_ascii=False, allow_nan=True,
+                  default=lambda o: None if isinstance(o, float) and not math.isfinite(o) else str(o))
+    os.replace(tmp, path)
+
+
+def grading_cell(ns: dict, job: dict) -> None:
+    """Entry point of the injected cell. ``job``: assessment (folder), seed, result (path),
+    stage_limit_s. Never raises: an internal failure is written to the result file."""
+    path = job["result"]
+    last: dict = {}
+
+    def progress(result: dict) -> None:
+        last.update(json.loads(json.dumps(result, allow_nan=True, default=str)))
+        _write_json(path, last)
+
+    try:
+        assessment = load_assessment(job["assessment"])
+        result = grade_namespace(ns, assessment, int(job["seed"]), job.get("stage_limit_s"),
+                                 on_progress=progress)
+        passed = sum(r["passed"] for r in result["functions"].values())
+        print(f"Corrector automático: {passed} de {len(result['functions'])} ejercicios correctos; "
+              f"contrato {'exportado' if result['contract'] is not None else 'ausente'}.")
+    except BaseException as err:  # noqa: BLE001 - the grader must always get an answer
+        _write_json(path, {"version": RESULT_VERSION, "functions": {}, **last, "complete": False,
+                           "internal_error": f"{type(err).__name__}: {err}\n"
+                                             f"{traceback.format_exc(limit=5)}"})

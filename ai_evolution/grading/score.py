@@ -1,0 +1,209 @@
+"""Scoring, in the grader's own process: the rubric's automatic part from what a run left.
+
+Function criteria come from the grading cell's result file; ``runs``, ``contract`` and
+``extension`` are decided here, from the run's record and the contract's JSON (the contract is
+validated with the library's schema validator in this process, not in the student's kernel).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..checks import check_student_extension
+from .assessment import Assessment, Criterion, ManualItem
+from .kernel import DEFAULT_STAGE_LIMIT_S, _time_limit, clean
+from .sandbox import RunInfo
+
+# Lines of a submission worth a human look: code that reaches into the grader or the library.
+SUSPICIOUS = [
+    (re.compile(r"ai_evolution\.grading|_ai_evolution_grade|result\.json"), "menciona el corrector"),
+    (re.compile(r"\bsys\.modules\b|__builtins__|\bimport builtins\b"), "toca módulos del intérprete"),
+    (re.compile(r"^\s*(checks|ai_evolution)(\.\w+)+\s*=(?!=)"), "reasigna algo de la biblioteca"),
+    (re.compile(r"\bsetattr\(\s*(checks|ai_evolution)\b"), "reasigna algo de la biblioteca"),
+    (re.compile(r"\bos\._exit\b|\bsignal\.(signal|alarm|setitimer)\b"),
+     "controla el proceso o sus señales"),
+]
+
+
+@dataclass
+class CriterionScore:
+    id: str
+    title: str
+    points: float
+    earned: float
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        return self.earned == self.points
+
+
+@dataclass
+class Grade:
+    student_id: str
+    source: str
+    status: str
+    reason: str
+    scores: list[CriterionScore]
+    manual: tuple[ManualItem, ...]
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return sum(s.earned for s in self.scores)
+
+    @property
+    def max_total(self) -> float:
+        return sum(s.points for s in self.scores)
+
+
+def _json_roundtrip(value):
+    return json.loads(json.dumps(value))
+
+
+def check_contract(contract: dict | None, missing_reason: str | None, assessment: Assessment,
+                   seed: int) -> tuple[bool, str]:
+    """The contract criterion: schema, kind, seed, profile, the lab's own parameters, and the
+    student's part (``student_extension``: without it the contract is the library's alone)."""
+    from ..labs import ContractError, get_spec, validate_contract
+
+    if contract is None:
+        return False, f"no hay contrato: {missing_reason or 'el cuaderno no lo produjo.'}"
+    try:
+        validate_contract(copy.deepcopy(contract))
+    except ContractError as err:
+        return False, str(err)
+    if contract["kind"] != assessment.kind:
+        return False, f"el contrato es del laboratorio {contract['kind']!r}, no de {assessment.kind!r}."
+    if contract["seed"] != seed:
+        return False, f"el contrato lleva la semilla {contract['seed']} y el corrector inyectó {seed}."
+    if contract["profile"] != "ci":
+        return False, f"el contrato se generó con el perfil {contract['profile']!r}, no con 'ci'."
+    expected = _json_roundtrip(get_spec(assessment.kind).resolve_params("ci", {}))
+    if contract["params"] != expected:
+        changed = sorted(k for k in set(expected) | set(contract["params"])
+                         if expected.get(k) != contract["params"].get(k))
+        return False, (f"los parámetros del contrato no son los del laboratorio con el perfil "
+                       f"'ci' (difieren: {', '.join(changed)}); la extensión no debe cambiar el "
+                       "comportamiento del laboratorio.")
+    if "student_extension" not in contract:
+        return False, ("el contrato es el del laboratorio sin student_extension: la celda del reto "
+                       "no llegó a completarlo.")
+    return True, (f"contrato válido: tipo {assessment.kind!r}, semilla {seed}, perfil 'ci', "
+                  "con evidencias, limitaciones y student_extension.")
+
+
+def check_extension(contract: dict | None, criterion: Criterion, assessment: Assessment,
+                    seed: int) -> tuple[bool, str]:
+    """The challenge: the four keys, the measurement keys the challenge names, the hidden check."""
+    if contract is None or not isinstance(contract, dict):
+        return False, "no hay contrato, así que tampoco student_extension."
+    if "student_extension" not in contract:
+        return False, "el contrato no lleva student_extension (¿falló la celda del reto?)."
+    ext = contract["student_extension"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = check_student_extension(ext, raise_on_fail=False)
+    if not result.passed:
+        return False, result.message
+    measurement = ext["measurement"]
+    for key in criterion.measurement_keys:
+        value = measurement.get(key) if isinstance(measurement, dict) else None
+        if value is None:
+            return False, (f"measurement no tiene la clave {key!r} que pide el reto "
+                           f"(claves pedidas: {', '.join(criterion.measurement_keys)}).")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value):
+            return False, f"measurement[{key!r}] debe ser un número finito y es {value!r}."
+    hidden = getattr(assessment.hidden_module, "extension", None)
+    if hidden is not None:
+        ctx = assessment.context(seed)
+        try:
+            with _time_limit(DEFAULT_STAGE_LIMIT_S), contextlib.redirect_stdout(io.StringIO()):
+                for stage in hidden(ext, contract, ctx):
+                    r = stage.run()
+                    if not r.passed:
+                        return False, f"comprobación oculta del reto: {r.message}"
+        except Exception as err:  # noqa: BLE001 - e.g. a measurement of an unexpected type
+            return False, (f"comprobación oculta del reto: no se pudo leer "
+                           f"({type(err).__name__}: {err}).")
+    return True, "student_extension completa, con las mediciones que pide el reto."
+
+
+def flags_for(executed_or_source: Path | None) -> list[str]:
+    """Lines of the submission that a human should look at (deterministic, in cell order)."""
+    if executed_or_source is None:
+        return []
+    import nbformat
+
+    from .sandbox import CELL_KEY, GRADING_TAG
+
+    try:
+        nb = nbformat.read(str(executed_or_source), as_version=4)
+    except Exception:  # noqa: BLE001
+        return []
+    out = []
+    for n, cell in enumerate(nb.cells, start=1):
+        meta = cell.get("metadata", {})
+        if cell.cell_type != "code" or GRADING_TAG in meta.get("tags", []) or \
+                "injected-parameters" in meta.get("tags", []):
+            continue
+        for line in cell.source.splitlines():
+            for pattern, why in SUSPICIOUS:
+                if pattern.search(line):
+                    code = clean(line.strip(), 120)
+                    out.append(f"celda de código {meta.get(CELL_KEY, n)}: `{code}` ({why})")
+                    break
+    return out
+
+
+def score(student_id: str, source: str, info: RunInfo, assessment: Assessment, seed: int,
+          flags: list[str] | None = None) -> Grade:
+    result = info.result or {}
+    functions = result.get("functions", {})
+    contract = result.get("contract")
+    if info.result is None:
+        not_graded = f"no se pudo corregir: {info.reason or 'el cuaderno no llegó al final.'}"
+    elif result.get("internal_error") and not result.get("complete"):
+        not_graded = "la corrección se interrumpió antes de llegar a este ejercicio."
+    else:
+        not_graded = "la corrección no llegó a este ejercicio."
+    status, reason = info.status, info.reason
+    scores = []
+    for c in assessment.criteria:
+        if c.type == "runs":
+            ok = info.status == "ok" and not info.errors and bool(result.get("complete")) \
+                and contract is not None
+            if ok:
+                msg = "el cuaderno se ejecutó de principio a fin sin errores con el perfil 'ci'."
+            elif info.status == "ok" and contract is None and info.result is not None:
+                msg = "se ejecutó sin errores pero no llegó a producir `contract`, su última salida."
+            else:
+                msg = reason or "la corrección no se completó."
+        elif c.type == "function":
+            r = functions.get(c.id)
+            ok, msg = (bool(r["passed"]), r["message"]) if r else (False, not_graded)
+        elif c.type == "contract":
+            if info.result is None:
+                ok, msg = False, not_graded
+            else:
+                ok, msg = check_contract(contract, result.get("contract_error"), assessment, seed)
+        else:  # extension
+            if info.result is None:
+                ok, msg = False, not_graded
+            else:
+                ok, msg = check_extension(contract, c, assessment, seed)
+        scores.append(CriterionScore(c.id, c.title, c.points, c.points if ok else 0, clean(msg, 1500)))
+    if result.get("internal_error") and status in ("ok", "error"):
+        first = str(result["internal_error"]).splitlines()[0]
+        status, reason = "crashed", clean(f"la celda de corrección se interrumpió ({first}).", 300)
+    if status == "ok" and info.result is not None and contract is None:
+        status = "no_contract"
+        reason = clean(result.get("contract_error") or "el cuaderno no produjo el contrato.", 300)
+    return Grade(student_id, source, status, reason, scores, assessment.manual, flags or [])

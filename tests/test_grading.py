@@ -1,0 +1,482 @@
+"""The autograder: it grades a folder of real notebooks within limits, writes the same gradebook
+twice, and for every lab gives the reference full marks while each plausible wrong solution
+loses exactly the points of its own criterion."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jupytext
+import nbformat
+import psutil
+import pytest
+
+from ai_evolution.grading import (DEFAULTS, find_assessment, grade_folder, grade_namespace,
+                                  student_ids)
+from ai_evolution.grading.assessment import available_kinds, resolve_reference
+from ai_evolution.grading.sandbox import RunInfo
+from ai_evolution.grading.score import score
+from ai_evolution.hardware import get_device_spec
+from ai_evolution.labs import get_spec
+from ai_evolution.labs.contract import evidence
+from ai_evolution.model import get_preset, kv_bytes_per_token
+
+ROOT = Path(__file__).resolve().parents[1]
+KV = ROOT / "labs" / "02-kv-cache"
+KINDS = ["roofline", "kv_cache", "continuous_batching", "paged_attention", "scheduler"]
+
+
+def rows(gradebook: Path) -> dict[str, dict]:
+    with open(gradebook, newline="", encoding="utf-8") as fh:
+        return {r["student_id"]: r for r in csv.DictReader(fh)}
+
+
+def points(row: dict, assessment) -> dict[str, float]:
+    return {c.id: float(row[c.id]) for c in assessment.criteria}
+
+
+# --- assessments are complete and consistent with the labs ----------------------------------------
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_assessment_folder_is_complete_and_names_exist_in_the_solution(kind):
+    a = find_assessment(kind)
+    text = (a.folder / "assessment.md").read_text(encoding="utf-8")
+    for heading in ("## Preguntas", "## Rúbrica", "## Criterios de aceptación",
+                    "## Reto verificable"):
+        assert heading in text, f"{a.folder}/assessment.md: falta {heading!r}"
+    for key in ("assumption", "measurement", "conclusion", "limitation"):
+        assert f"`{key}`" in text
+    assert f"**{a.max_points:g} puntos automáticos**" in text
+    assert f"**{a.manual_points:g} puntos de lectura humana**" in text
+    for c in a.criteria:  # the rubric table lists every column of the gradebook with its points
+        assert f"| `{c.id}` | {c.points:g} |" in text, c.id
+    source = (a.lab_folder / "notebook_solution.md").read_text(encoding="utf-8")
+    for c in a.functions:  # the graded names are the notebook's, and each has hidden checks
+        assert f"def {c.name}(" in source or f"class {c.name}(" in source, c.name
+    ext = next(c for c in a.criteria if c.type == "extension")
+    for key in ext.measurement_keys:
+        assert key in text, f"assessment.md must name the measurement key {key!r}"
+    assert kind in available_kinds()
+
+
+def test_student_ids_come_from_file_names_and_stay_unique():
+    got = student_ids([Path("b/Ana María.ipynb"), Path("a/ana maría.ipynb"), Path("x/ .ipynb"),
+                       Path("y/Ana_María.ipynb")])
+    assert [sid for sid, _ in got] == ["entrega", "Ana_María", "Ana_María-2", "ana_maría"]
+
+
+# --- discrimination, in process: the grading cell's logic on namespaces ----------------------------
+
+def solution_namespace(kind: str) -> dict:
+    """The lab's own solution: its imports cell and every exercise cell, executed in a dict."""
+    folder = ROOT / get_spec(kind).folder
+    cells = [c for c in jupytext.read(folder / "notebook_solution.md").cells if c.cell_type == "code"]
+    params = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
+    ns: dict = {"seed": 0, "profile": "ci"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(cells[params + 1].source, ns)  # noqa: S102 - the repository's own notebook
+        for cell in cells[params + 2:]:
+            if "# BEGIN SOLUTION" in cell.source and "student_extension" not in cell.source:
+                exec(cell.source, ns)  # noqa: S102
+    return ns
+
+
+def synthetic_contract(kind: str, measurement: dict) -> dict:
+    return {
+        "schema_version": 1, "kind": kind, "seed": 0, "profile": "ci",
+        "params": get_spec(kind).resolve_params("ci", {}),
+        "environment": {"device": "cpu", "device_name": "prueba",
+                        "versions": {"torch": "0", "ai_evolution": "0.1.0"}},
+        "results": {}, "evidence": [evidence("Una evidencia de prueba con su número.", 1, "B")],
+        "limitations": ["Un contrato sintético, solo para las pruebas."], "volatile_fields": [],
+        "student_extension": {"assumption": "Lo que se espera antes de medir.",
+                              "measurement": measurement,
+                              "conclusion": "Lo que dicen los números medidos.",
+                              "limitation": "Por qué esto no es una afirmación de producción."},
+    }
+
+
+def good_measurement(kind: str) -> dict:
+    if kind == "roofline":
+        laptop = get_device_spec("apple-m5-pro-laptop")
+        return {"bandwidth_gbps": 20.0, "measured_efficiency": 0.6, "floor_int8_ms": 3.0,
+                "floor_int4_ms": 1.5, "seed_floor_ms": 19.7,
+                "seed_efficiency": 5.38e9 / laptop.bandwidth_bytes_per_s * 42.6}
+    if kind == "kv_cache":
+        cfg = get_preset("tiny-es")
+        return {"fp32_bytes": kv_bytes_per_token(cfg, "fp32") * 1024,
+                "fp16_bytes": kv_bytes_per_token(cfg, "fp16") * 1024}
+    if kind == "continuous_batching":
+        cap = get_spec(kind).resolve_params("ci", {})["dc_caps"][-1]
+        return {"gain_width_8": 2.5, "gain_width_32": 3.1, "gain_width_128": 2.1, "cap": cap}
+    if kind == "paged_attention":
+        return {f"{k}_bs{b}": v for b in (4, 16, 64)
+                for k, v in (("utilization", 0.9), ("tokens_per_s", 300.0))}
+    budgets = get_spec(kind).resolve_params("ci", {})["budgets"]
+    return {"normal_step_ms": 10.0} | {f"{k}_ms_budget_{b}": 12.0 + b for b in budgets
+                                       for k in ("itl_p99", "ttft")}
+
+
+def grade(ns: dict, kind: str, result: dict | None = None) -> dict[str, float]:
+    """Points per criterion; ``result`` reuses graded functions with the contract of ``ns``."""
+    a = find_assessment(kind)
+    if result is None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            result = grade_namespace(ns, a, 0)
+    else:
+        result = result | {"contract": json.loads(json.dumps(ns["contract"]))
+                           if "contract" in ns else None}
+    g = score("prueba", "prueba.ipynb", RunInfo(status="ok", result=result), a, 0)
+    return {s.id: s.earned for s in g.scores}
+
+
+# Plausible mistakes, each written as a student would: (criterion it must cost, source).
+WRONG = {
+    "roofline": [
+        ("decode_roofline", "bytes en bits", '''
+_ok = decode_roofline
+def decode_roofline(config, dtype, batch_size, context_len, bandwidth_bytes_per_s):
+    r = dict(_ok(config, dtype, batch_size, context_len, bandwidth_bytes_per_s))
+    r["bytes"] *= 8
+    r["intensity"], r["floor_s"] = r["flops"] / r["bytes"], r["bytes"] / bandwidth_bytes_per_s
+    return r
+'''),
+        ("decode_roofline", "suelo sin los bytes de la caché KV", '''
+_ok = decode_roofline
+def decode_roofline(config, dtype, batch_size, context_len, bandwidth_bytes_per_s):
+    r = dict(_ok(config, dtype, batch_size, context_len, bandwidth_bytes_per_s))
+    r["floor_s"] = weight_bytes_read(config, dtype, batch_size) / bandwidth_bytes_per_s
+    return r
+'''),
+        ("predict_step", "suma los dos límites", '''
+def predict_step(step_bytes, step_flops, bandwidth_bytes_per_s, peak_flops, overhead_s):
+    return step_bytes / bandwidth_bytes_per_s + step_flops / peak_flops + overhead_s
+'''),
+        ("departure_batch", ">= en vez de >", '''
+def departure_batch(batch_sizes, measured_s, predicted_s, tolerance):
+    for b, m, p in zip(batch_sizes, measured_s, predicted_s):
+        if m >= p * (1 + tolerance):
+            return b
+    return None
+'''),
+    ],
+    "kv_cache": [
+        ("kv_bytes_per_token", "bits en vez de bytes", '''
+def kv_bytes_per_token(config, dtype):
+    return 8 * 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes(dtype)
+'''),
+        ("kv_bytes_per_token", "olvida el factor 2 de K y V", '''
+def kv_bytes_per_token(config, dtype):
+    return config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes(dtype)
+'''),
+        ("cached_attention", "índice de la caché desplazado en uno", '''
+_ok = my_cached_attention
+def my_cached_attention(q, k_new, v_new, k_cache, v_cache, positions):
+    return _ok(q, k_new, v_new, k_cache, v_cache, positions + 1)
+'''),
+        ("fit_growth", "cuota cuadrática en el último n, no en el mayor", '''
+def fit_growth(n, t):
+    c2, c1, c0 = np.polyfit(np.asarray(n, float), np.asarray(t, float), 2)
+    last = float(n[-1])
+    return {"c0": c0, "c1": c1, "c2": c2,
+            "quadratic_share": c2 * last**2 / (c0 + c1 * last + c2 * last**2)}
+'''),
+        ("sequences_that_fit", "redondea hacia arriba", '''
+import math as _math
+def sequences_that_fit(config, gpu_memory_bytes, context_len, utilization, dtype):
+    free = gpu_memory_bytes * utilization - weight_bytes(config, dtype)
+    return max(0, _math.ceil(free / (kv_bytes_per_token(config, dtype) * context_len)))
+'''),
+    ],
+    "continuous_batching": [
+        ("policy", "solo retira cuando todo el lote terminó", '''
+def continuous_policy(running, waiting, max_num_seqs):
+    if running and not all(r.is_finished for r in running):
+        return BatchPlan(retire=[], admit=[])
+    return BatchPlan(retire=list(running), admit=list(waiting[:max_num_seqs]))
+'''),
+        ("summarize", "percentiles sin ordenar", '''
+def _pct(values, q):
+    pos = (len(values) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+def summarize(requests):
+    tokens = sum(len(r.output_token_ids) for r in requests)
+    span = max(r.finish_time for r in requests) - min(r.arrival_time for r in requests)
+    ttft = [r.first_token_time - r.arrival_time for r in requests]
+    e2e = [r.finish_time - r.arrival_time for r in requests]
+    return {"throughput_tok_s": tokens / span, "ttft_p50_s": _pct(ttft, 50),
+            "e2e_p50_s": _pct(e2e, 50), "e2e_p99_s": _pct(e2e, 99)}
+'''),
+    ],
+    "paged_attention": [
+        ("block_pool", "free no libera", '''
+class MiPool(MiPool):
+    def free(self, blocks):
+        pass
+'''),
+        ("block_pool", "libera sin restar ref_cnt", '''
+class MiPool(MiPool):
+    def free(self, blocks):
+        for block in blocks:
+            self._free[block.block_id] = None
+'''),
+        ("prefix_lookup", "cubre también el último token", '''
+def mi_prefijo(token_ids, block_size, pool):
+    hits, parent = [], None
+    for i in range(len(token_ids) // block_size):
+        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size])
+        block = pool.lookup(parent)
+        if block is None:
+            break
+        hits.append(block)
+    return hits
+'''),
+    ],
+    "scheduler": [
+        ("token_split", "< en vez de <= (uno de menos)", '''
+def mi_reparto(want, budget, chunked):
+    if want < budget:
+        return want
+    return int(budget) if chunked and budget >= 1 else 0
+'''),
+        ("victim", "expulsa la última aunque haya terminado", '''
+def mi_victima(running):
+    return running[-1]
+'''),
+        ("victim", "expulsa la más antigua", '''
+def mi_victima(running):
+    return next(r for r in running if not r.is_finished)
+'''),
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reference_gets_full_marks_and_each_mistake_costs_only_its_criterion(kind, one_thread):
+    a = find_assessment(kind)
+    ns = solution_namespace(kind)
+    ns["contract"] = synthetic_contract(kind, good_measurement(kind))
+    full = {c.id: c.points for c in a.criteria}
+    got = grade(dict(ns), kind)
+    assert got == full, got
+    # The library's references, in place of the notebook's solution, also pass everything.
+    refs = dict(ns) | {c.name: resolve_reference(c.reference) for c in a.functions}
+    assert grade(refs, kind) == full
+    for criterion, what, source in WRONG[kind]:
+        wrong = dict(ns)
+        exec(source, wrong)  # noqa: S102
+        expected = dict(full) | {criterion: 0}
+        assert grade(wrong, kind) == expected, f"{kind}: {what}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_contract_and_extension_mistakes_cost_their_own_points(kind, one_thread):
+    a = find_assessment(kind)
+    ns = {c.name: resolve_reference(c.reference) for c in a.functions}
+    with contextlib.redirect_stdout(io.StringIO()):
+        functions = grade_namespace(ns, a, 0)  # graded once; only the contract changes below
+    full = {c.id: c.points for c in a.criteria}
+    good = good_measurement(kind)
+    bad_contracts = {
+        "semilla distinta": (synthetic_contract(kind, good) | {"seed": 3}, ["contract"]),
+        "parámetros cambiados": (synthetic_contract(kind, good) | {"params": {"otro": 1}},
+                                 ["contract"]),
+        "sin límites": (synthetic_contract(kind, good) | {"limitations": []}, ["contract"]),
+        "sin student_extension": ({k: v for k, v in synthetic_contract(kind, good).items()
+                                   if k != "student_extension"}, ["contract", "extension"]),
+        "sin un número medido": (synthetic_contract(kind, {k: "?" for k in good}), ["extension"]),
+        "sin la primera clave pedida": (synthetic_contract(kind, dict(list(good.items())[1:])),
+                                        ["extension"]),
+    }
+    for what, (contract, lost) in bad_contracts.items():
+        expected = dict(full) | {c: 0 for c in lost}
+        assert grade(ns | {"contract": contract}, kind, functions) == expected, f"{kind}: {what}"
+    expected = dict(full) | {"runs": 0, "contract": 0, "extension": 0}
+    assert grade(dict(ns), kind, functions) == expected
+
+
+def test_wrong_challenge_data_loses_the_extension_points(one_thread):
+    ns = {c.name: resolve_reference(c.reference) for c in find_assessment("kv_cache").functions}
+    bits = {k: 8 * v for k, v in good_measurement("kv_cache").items()}
+    got = grade(ns | {"contract": synthetic_contract("kv_cache", bits)}, "kv_cache")
+    assert got["extension"] == 0 and got["contract"] == 1
+    m = good_measurement("roofline") | {"floor_int4_ms": 3.0}  # int4 floor equal to int8
+    ns = {c.name: resolve_reference(c.reference) for c in find_assessment("roofline").functions}
+    assert grade(ns | {"contract": synthetic_contract("roofline", m)}, "roofline")["extension"] == 0
+
+
+# --- end to end: real notebooks, real kernels, real limits -----------------------------------------
+
+def code_notebook(*sources: str, parameters: bool = True) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    if parameters:
+        p = nbformat.v4.new_code_cell("seed = 0\nprofile = None")
+        p.metadata["tags"] = ["parameters"]
+        cells.insert(0, p)
+    nb.cells = cells
+    return nb
+
+
+KV_IMPORTS = """from ai_evolution.checks import kv_cache as checks
+from ai_evolution.model import ModelConfig, dtype_bytes, get_preset
+import numpy as np"""
+
+KV_EXERCISE_1 = """def kv_bytes_per_token(config, dtype):
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes(dtype)
+checks.check_kv_bytes_per_token(kv_bytes_per_token, seed=seed)"""
+
+
+def broken_solution() -> nbformat.NotebookNode:
+    """The solution with exercise 3 replaced by code that raises."""
+    nb = nbformat.read(KV / "notebook_solution.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("def fit_growth"))
+    cell.source = ('def fit_growth(n, t):\n    """Fit, badly."""\n'
+                   '    return {"c0": 0.0, "c1": 0.0, "c2": 1 / 0, "quadratic_share": 0.0}\n')
+    return nb
+
+
+@pytest.fixture(scope="module")
+def realistic(tmp_path_factory):
+    """The solution, the untouched student notebook and a broken one, graded once (~1 min)."""
+    folder = tmp_path_factory.mktemp("entregas")
+    (folder / "solucion.ipynb").write_bytes((KV / "notebook_solution.ipynb").read_bytes())
+    (folder / "sin tocar.ipynb").write_bytes((KV / "notebook_student.ipynb").read_bytes())
+    nbformat.write(broken_solution(), folder / "rota.ipynb")
+    out = tmp_path_factory.mktemp("notas")
+    start = time.monotonic()
+    grade_folder("kv_cache", folder, out=out, jobs=2, timeout_s=600, cell_timeout_s=300)
+    return out, time.monotonic() - start
+
+
+def test_solution_untouched_and_broken_notebooks_get_the_right_rows(realistic):
+    out, elapsed = realistic
+    a = find_assessment("kv_cache")
+    book = rows(out / "gradebook.csv")
+    assert list(book) == ["rota", "sin_tocar", "solucion"]
+    sol = book["solucion"]
+    assert (sol["status"], sol["total"], sol["max_total"], sol["reason"]) == ("ok", "13", "13", "")
+    untouched = book["sin_tocar"]
+    assert untouched["status"] == "error" and untouched["total"] == "0"
+    assert "NotImplementedError" in untouched["reason"] and "celda de código" in untouched["reason"]
+    broken = book["rota"]
+    assert broken["status"] == "error" and "ZeroDivisionError" in broken["reason"]
+    assert points(broken, a) == {c.id: c.points for c in a.criteria} | {"runs": 0, "fit_growth": 0}
+    feedback = (out / "feedback" / "rota.md").read_text(encoding="utf-8")
+    assert "## Lo que falló" in feedback and "Ejercicio 3" in feedback
+    assert "falla el caso 1" in feedback  # the first failing case, from the public check
+    assert "## Pendiente de lectura humana" in feedback and "Pregunta 1" in feedback
+    untouched_fb = (out / "feedback" / "sin_tocar.md").read_text(encoding="utf-8")
+    assert untouched_fb.count("ejercicio sin resolver") == 4
+    assert (out / "executed" / "solucion.ipynb").is_file()
+    assert elapsed < 400
+
+
+def cheap_folder(folder: Path) -> None:
+    """Submissions that misbehave, built to be cheap (no lab experiment)."""
+    folder.mkdir()
+    nbformat.write(code_notebook(KV_IMPORTS, KV_EXERCISE_1, "while True:\n    pass",
+                                 "from ai_evolution.timing import fit_growth"),
+                   folder / "bucle.ipynb")
+    nbformat.write(code_notebook(KV_IMPORTS, KV_EXERCISE_1, """import os, shutil
+for name in os.listdir('.'):
+    shutil.rmtree(name) if os.path.isdir(name) else os.remove(name)
+with open('basura.bin', 'wb') as fh:
+    fh.write(b'x' * 10_000)"""), folder / "borra archivos.ipynb")
+    nbformat.write(code_notebook(KV_IMPORTS, KV_EXERCISE_1), folder / "sin_contrato.ipynb")
+    nbformat.write(code_notebook(parameters=False), folder / "vacio.ipynb")
+    nbformat.write(code_notebook(KV_IMPORTS, KV_EXERCISE_1, "x = bytearray(8 * 2**30)"),
+                   folder / "memoria.ipynb")
+    (folder / "no_es_cuaderno.ipynb").write_text("esto no es JSON", encoding="utf-8")
+    (folder / "notas.txt").write_text("no es una entrega", encoding="utf-8")
+
+
+def run_cli(folder: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ai_evolution.grading", "--lab", "kv_cache",
+                           str(folder), "--out", str(out), "--timeout", "120", "--cell-timeout",
+                           "15", "--memory-mb", "3072", "--jobs", "2", *extra],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_misbehaving_notebooks_are_recorded_and_grading_twice_gives_the_same_files(tmp_path):
+    folder = tmp_path / "entregas"
+    cheap_folder(folder)
+    before = sorted(p.name for p in folder.iterdir())
+    lab_before = sorted(p.name for p in KV.iterdir())
+    first = run_cli(folder, tmp_path / "una")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_cli(folder, tmp_path / "otra")
+    assert second.returncode == 0, second.stderr[-3000:]
+    written = ["gradebook.csv"] + [f"feedback/{p.name}" for p in (tmp_path / "una/feedback").iterdir()]
+    for name in written:
+        assert (tmp_path / "una" / name).read_bytes() == (tmp_path / "otra" / name).read_bytes(), name
+    assert sorted(p.name for p in folder.iterdir()) == before  # submissions untouched
+    assert sorted(p.name for p in KV.iterdir()) == lab_before  # the lab's folder untouched
+
+    a = find_assessment("kv_cache")
+    book = rows(tmp_path / "una" / "gradebook.csv")
+    assert list(book) == ["borra_archivos", "bucle", "memoria", "no_es_cuaderno", "sin_contrato",
+                          "vacio"]
+    zero = {c.id: 0 for c in a.criteria}
+    ex1 = zero | {"kv_bytes_per_token": 2}
+    loop = book["bucle"]  # the loop is interrupted; the cell after it still ran
+    assert loop["status"] == "timeout" and "while True" in loop["reason"]
+    assert "15 s por celda" in loop["reason"]
+    assert points(loop, a) == ex1 | {"fit_growth": 2}
+    files = book["borra_archivos"]
+    assert files["status"] == "no_contract" and points(files, a) == ex1
+    assert book["sin_contrato"]["status"] == "no_contract"
+    assert points(book["sin_contrato"], a) == ex1
+    assert "contract" in book["sin_contrato"]["reason"]
+    empty = book["vacio"]
+    assert empty["status"] == "no_contract" and empty["total"] == "0"
+    memory = book["memoria"]
+    assert memory["status"] == "memory" and "3072 MiB" in memory["reason"]
+    assert points(memory, a) == ex1
+    invalid = book["no_es_cuaderno"]
+    assert invalid["status"] == "invalid" and invalid["total"] == "0"
+    fb = (tmp_path / "una" / "feedback" / "vacio.md").read_text(encoding="utf-8")
+    assert "no se encontró `kv_bytes_per_token`" in fb
+
+
+def test_a_loop_that_ignores_interrupts_is_killed_with_its_kernel(tmp_path, monkeypatch):
+    folder = tmp_path / "entregas"
+    folder.mkdir()
+    nbformat.write(code_notebook(KV_IMPORTS, KV_EXERCISE_1, """import signal
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while True:
+    pass"""), folder / "terco.ipynb")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # scratch under tmp_path
+    start = time.monotonic()
+    grades = grade_folder("kv_cache", folder, out=tmp_path / "notas", timeout_s=15,
+                          cell_timeout_s=5)
+    assert time.monotonic() - start < 45
+    (g,) = grades
+    assert g.status == "timeout" and g.total == 0 and "15 s" in g.reason
+    assert any("signal.signal" in f for f in g.flags)
+    left = [p for p in psutil.process_iter(["cmdline"])
+            if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert not left, [p.info["cmdline"] for p in left]
+
+
+def test_defaults_are_documented_in_the_instructor_guide():
+    guide = (ROOT / "book" / "instructor-guide.md").read_text(encoding="utf-8")
+    assert "NotImplementedError" not in guide  # test_book rejects it on any built page
+    assert "python -m ai_evolution.grading --lab kv_cache" in guide
+    assert f"{DEFAULTS['memory_mb']}" in guide.replace(".", "")
+    for status in ("ok", "error", "timeout", "memory", "crashed", "invalid", "no_contract"):
+        assert f"`{status}`" in guide
+    assert "assessments/NN-nombre/" in guide or "assessments/NN-name/" in guide
+    assert json.loads((ROOT / "assessments" / "02-kv-cache" / "rubric.json").read_text())["kind"] \
+        == "kv_cache"
