@@ -36,3 +36,28 @@ def es_bytes(n: float, decimals: int = 2) -> str:
     if n >= 1e3:
         return f"{es(n / 1e3, decimals)} kB"
     return f"{es(n, 0)} B"
+
+
+def table(rows: list[dict], columns: list[tuple]) -> str:
+    """A plain-text table, one line per row, numbers in Spanish.
+
+    ``columns`` holds ``(header, key, decimals)`` or ``(header, key, decimals, scale)``: the
+    cell is ``es(row[key] * scale, decimals)``; a ``(low, high)`` pair prints as ``[low; high]``
+    (an interval: the semicolon keeps the decimal commas apart); None or NaN as ``—``; a string
+    as it is. Columns are right-aligned to their widest cell.
+    """
+    def cell(value, decimals: int, scale: float) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "—"
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (tuple, list)):
+            return "[" + "; ".join(cell(v, decimals, scale) for v in value) + "]"
+        return es(value * scale, decimals)
+
+    specs = [(c[0], c[1], c[2], c[3] if len(c) > 3 else 1.0) for c in columns]
+    grid = [[h for h, *_ in specs]] + [[cell(r.get(k), d, s) for _, k, d, s in specs] for r in rows]
+    widths = [max(len(line[i]) for line in grid) for i in range(len(specs))]
+    lines = ["  ".join(text.rjust(w) for text, w in zip(line, widths)) for line in grid]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

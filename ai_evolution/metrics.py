@@ -21,13 +21,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def summarize(requests: Sequence[Request]) -> dict:
+def summarize(requests: Sequence[Request], percentile_fn: Callable = percentile) -> dict:
     """Throughput and latency of a set of finished requests.
 
-    - ``throughput_tok_s``: generated tokens / (last finish - first arrival);
+    - ``throughput_tok_s``: generated tokens / (last finish - first arrival); ``throughput_req_s``:
+      finished requests over the same span;
     - ``ttft_*``: arrival -> first token; ``tpot_*``: mean gap between a request's tokens after
-      the first (requests with one token have none); ``e2e_*``: arrival -> finish;
-    - ``*_p50_s``, ``*_p90_s``, ``*_p99_s``: percentiles (``percentile``);
+      the first (requests with one token have none); ``itl_*``: every gap between consecutive
+      tokens of every request, pooled; ``e2e_*``: arrival -> finish;
+    - ``*_p50_s``, ``*_p90_s``, ``*_p99_s``: percentiles by ``percentile_fn(values, q)`` (default
+      ``percentile``; a lab passes the student's), never called on an empty list (NaN instead);
     - ``realized_rate``: the arrival rate the run offered, ``(n - 1) / (last - first arrival)``
       (``loadgen.realized_rate``), NaN when undefined (one request, or all arriving at once).
     """
@@ -36,21 +39,48 @@ def summarize(requests: Sequence[Request]) -> dict:
         raise ValueError("no finished requests to summarize")
     tokens = sum(len(r.output_token_ids) for r in done)
     span = max(r.finish_time for r in done) - min(r.arrival_time for r in done)
-    ttft = [r.ttft for r in done]
-    tpot = [r.tpot for r in done]
-    e2e = [r.e2e_latency for r in done]
-    return {
+    out = {
         "requests": len(done),
         "output_tokens": tokens,
         "duration_s": span,
         "throughput_tok_s": tokens / span if span > 0 else float("nan"),
-        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
-        "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99),
-        "e2e_p50_s": percentile(e2e, 50), "e2e_p99_s": percentile(e2e, 99),
-        "ttft_p90_s": percentile(ttft, 90), "tpot_p90_s": percentile(tpot, 90),
-        "e2e_p90_s": percentile(e2e, 90),
-        "realized_rate": _arrival_rate([r.arrival_time for r in done]),
+        "throughput_req_s": len(done) / span if span > 0 else float("nan"),
     }
+    samples = latency_samples(done)
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        for q in (50, 90, 99):
+            values = samples[name]
+            out[f"{name}_p{q}_s"] = float(percentile_fn(values, q)) if values else float("nan")
+    out["realized_rate"] = _arrival_rate([r.arrival_time for r in done])
+    return out
+
+
+def latency_samples(requests: Sequence[Request]) -> dict[str, list[float]]:
+    """The per-request latencies of the finished requests, seconds, without missing values:
+    ``ttft``, ``tpot`` (requests with two tokens or more), ``e2e``, and ``itl`` (every gap
+    between consecutive tokens, pooled over the requests)."""
+    done = [r for r in requests if r.finish_time is not None]
+    return {"ttft": [r.ttft for r in done if r.ttft is not None],
+            "tpot": [r.tpot for r in done if r.tpot is not None],
+            "itl": [g for r in done for g in r.itls],
+            "e2e": [r.e2e_latency for r in done if r.e2e_latency is not None]}
+
+
+def records(requests: Sequence[Request], **tags) -> list[dict]:
+    """One tidy record (a flat dict) per request: ``tags`` (e.g. ``rate=2.0, run=1``) first,
+    then the request's id (an HTTP record's index), arrival (s, the client's clock), prompt and
+    output tokens, TTFT, TPOT, largest inter-token gap and end-to-end latency (s; None where a
+    request never got there). A list of these is what a data-frame library reads directly."""
+    out = []
+    for r in requests:
+        itls = r.itls
+        reason = r.finish_reason
+        out.append({**tags, "request_id": getattr(r, "request_id", getattr(r, "index", None)),
+                    "arrival_s": r.arrival_time, "prompt_tokens": r.num_prompt_tokens,
+                    "output_tokens": len(r.output_token_ids), "ttft_s": r.ttft, "tpot_s": r.tpot,
+                    "itl_max_s": max(itls) if itls else None, "e2e_s": r.e2e_latency,
+                    "finish_reason": getattr(reason, "value", reason)})
+    return out
 
 
 def _arrival_rate(times: Sequence[float]) -> float:
@@ -157,3 +187,33 @@ def goodput(requests: Sequence[Request], ttft_slo_s: float | None = None,
 
     n_good = sum(good(r) for r in done)
     return n_good / span if span > 0 else float("nan")
+
+
+def load_test_summary(requests: Sequence[Request], *, ttft_slo_s: float | None = None,
+                      tpot_slo_s: float | None = None, percentile_fn: Callable = percentile,
+                      ci_fn: Callable = bootstrap_ci, n_boot: int = 1000, alpha: float = 0.05,
+                      seed: int | None = 0) -> dict:
+    """One row of a load-test report: ``summarize`` (with ``percentile_fn``), plus
+
+    - ``{ttft,tpot,e2e}_{p50,p99}_ci_s``: ``(low, high)`` bootstrap intervals at ``1 - alpha``,
+      from ``ci_fn(values, q=..., n_boot=..., alpha=..., seed=...)`` (``bootstrap_ci``, or a
+      student's function with that signature);
+    - ``goodput_req_s`` (``goodput`` under the SLOs given) and ``slo_attainment``, the share of
+      finished requests that met them (1.0 without SLOs).
+
+    The intervals treat the requests as independent draws. In a queue they are not (a request
+    that waited behind a slow one is followed by others that waited too), so the interval of one
+    run is narrower than the spread between repeated runs: compare runs, not only intervals.
+    """
+    row = summarize(requests, percentile_fn=percentile_fn)
+    samples = latency_samples(requests)
+    for name in ("ttft", "tpot", "e2e"):
+        for q in (50, 99):
+            values = samples[name]
+            row[f"{name}_p{q}_ci_s"] = (tuple(float(v) for v in ci_fn(values, q=q, n_boot=n_boot,
+                                                                       alpha=alpha, seed=seed))
+                                        if values else (float("nan"), float("nan")))
+    good = goodput(requests, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s)
+    row["goodput_req_s"] = good
+    row["slo_attainment"] = good / row["throughput_req_s"] if row["throughput_req_s"] > 0 else float("nan")
+    return row

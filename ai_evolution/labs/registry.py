@@ -24,6 +24,7 @@ from .profiles import resolve_profile
 _LABS: dict[str, str] = {
     "continuous_batching": "ai_evolution.labs.continuous_batching",
     "kv_cache": "ai_evolution.labs.kv_cache",
+    "observability": "ai_evolution.labs.observability",
     "paged_attention": "ai_evolution.labs.paged_attention",
     "roofline": "ai_evolution.labs.roofline",
     "scheduler": "ai_evolution.labs.scheduler",
@@ -147,6 +148,22 @@ def run_lab(kind: str, seed: int = 0, profile: str | None = None, device: str | 
     dev = pick_device(device)
     seed_everything(seed)
     body = spec.run(seed=seed, profile=profile, params=resolved, device=dev)
+    return assemble_contract(kind, seed, profile, resolved, body, dev)
+
+
+def assemble_contract(kind: str, seed: int, profile: str, params: dict, body: dict,
+                      device: torch.device | str | None = None) -> dict:
+    """The validated contract around a lab's ``body`` (``results``, ``evidence``,
+    ``limitations``, ``volatile_fields``, optional ``environment``), as ``run_lab`` returns it.
+
+    A notebook that ran the lab's steps itself (with the student's functions plugged in) builds
+    its contract with this instead of running everything again; ``params`` are checked as
+    ``run_lab`` checks them.
+    """
+    profile = resolve_profile(profile)
+    params = get_spec(kind).resolve_params(profile, params)
+    dev = pick_device(device) if not isinstance(device, torch.device) else device
+    body = dict(body)
     environment = describe(dev)
     environment["versions"]["ai_evolution"] = __version__
     environment.update(body.pop("environment", {}))
@@ -155,7 +172,7 @@ def run_lab(kind: str, seed: int = 0, profile: str | None = None, device: str | 
         "kind": kind,
         "seed": seed,
         "profile": profile,
-        "params": resolved,
+        "params": params,
         "environment": environment,
         **body,
     }

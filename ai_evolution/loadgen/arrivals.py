@@ -189,16 +189,25 @@ def _lengths(name: str, sampler, n: int) -> list[int]:
 
 def open_loop_workload(n: int, rate: float, prompt_len_sampler: LengthSampler | int,
                        output_len_sampler: LengthSampler | int, vocab_size: int, seed: int,
-                       first_token: int = 3) -> list[WorkItem]:
+                       first_token: int = 3,
+                       arrivals_fn: Callable[[int, float, int], Sequence[float]] = poisson_arrivals
+                       ) -> list[WorkItem]:
     """``n`` requests arriving as a Poisson process of ``rate`` requests/s (``poisson_arrivals``
     with ``seed``), with prompt and output lengths drawn from the samplers (``length_sampler``;
     a plain int means a fixed length), random prompt tokens in ``[first_token, vocab_size)``
     (seeded from ``seed`` too), each generating exactly its output length (``ignore_eos``).
 
+    ``arrivals_fn(n, rate, seed)`` replaces ``poisson_arrivals`` (a student's generator, for
+    example); it must return ``n`` finite times >= 0, in seconds.
+
     Feed it to ``engine.run(workload)``: a ``WorkItem`` is an ``(arrival_time, prompt, params)``
     tuple.
     """
-    times = poisson_arrivals(n, rate, seed)
+    times = [float(t) for t in arrivals_fn(n, rate, seed)]
+    if len(times) != n or not all(math.isfinite(t) and t >= 0 for t in times):
+        raise ValueError(f"el generador de llegadas debe devolver {n} instantes finitos >= 0; "
+                         f"devolvió {len(times)}" + ("" if len(times) != n else
+                                                     ", alguno negativo o no finito"))
     prompt_lens = _lengths("prompt_len_sampler", prompt_len_sampler, n)
     output_lens = _lengths("output_len_sampler", output_len_sampler, n)
     if not _is_int(vocab_size) or vocab_size <= first_token:
