@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("labs", nargs="*", type=Path, help="solution .md files (default: all labs)")
     args = parser.parse_args(argv)
     url = repository_url()
-    sources = args.labs or sorted((ROOT / "labs").glob("*/notebook_solution.md"))
+    sources = [p.resolve() for p in args.labs] or sorted((ROOT / "labs").glob("*/notebook_solution.md"))
     stale = []
     for md in sources:
         if args.check:
