@@ -8,6 +8,7 @@ import contextlib
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,13 +26,15 @@ from ai_evolution.grading.assessment import available_kinds, resolve_reference
 from ai_evolution.grading.sandbox import RunInfo
 from ai_evolution.grading.score import score
 from ai_evolution.hardware import get_device_spec
-from ai_evolution.labs import get_spec
+from ai_evolution.labs import get_spec, list_labs
 from ai_evolution.labs.contract import evidence
+from ai_evolution.labs.observability import datacenter_target, measure_capacity
 from ai_evolution.model import get_preset, kv_bytes_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
 KV = ROOT / "labs" / "02-kv-cache"
-KINDS = ["roofline", "kv_cache", "continuous_batching", "paged_attention", "scheduler"]
+KINDS = ["roofline", "kv_cache", "continuous_batching", "paged_attention", "scheduler",
+         "observability"]
 
 
 def rows(gradebook: Path) -> dict[str, dict]:
@@ -65,6 +68,25 @@ def test_assessment_folder_is_complete_and_names_exist_in_the_solution(kind):
     for key in ext.measurement_keys:
         assert key in text, f"assessment.md must name the measurement key {key!r}"
     assert kind in available_kinds()
+
+
+def test_every_lab_folder_has_an_assessment_folder_for_its_kind():
+    labs = sorted(p for p in (ROOT / "labs").iterdir() if p.is_dir() and re.match(r"\d\d-", p.name))
+    kinds = []
+    for lab in labs:
+        found = re.search(r'main\(\["run", "(\w+)"', (lab / "lab.py").read_text(encoding="utf-8"))
+        assert found, f"{lab}/lab.py no dice qué laboratorio ejecuta run_lab"
+        kind = found.group(1)
+        assert get_spec(kind).folder == f"labs/{lab.name}", kind
+        folder = ROOT / "assessments" / lab.name
+        for name in ("assessment.md", "rubric.json", "hidden_checks.py"):
+            assert (folder / name).is_file(), f"falta {folder / name}"
+        rubric = json.loads((folder / "rubric.json").read_text(encoding="utf-8"))
+        assert rubric["kind"] == kind, f"{folder}/rubric.json: {rubric['kind']!r}, no {kind!r}"
+        kinds.append(kind)
+    assert sorted(kinds) == sorted(KINDS) == sorted(list_labs())  # the tests here cover every lab
+    assessed = {p.name for p in (ROOT / "assessments").iterdir() if re.match(r"\d\d-", p.name)}
+    assert assessed == {p.name for p in labs}  # no assessment without its lab
 
 
 def test_student_ids_come_from_file_names_and_stay_unique():
@@ -120,9 +142,20 @@ def good_measurement(kind: str) -> dict:
     if kind == "paged_attention":
         return {f"{k}_bs{b}": v for b in (4, 16, 64)
                 for k, v in (("utilization", 0.9), ("tokens_per_s", 300.0))}
+    if kind == "observability":
+        return {"capacity_req_s": simulated_capacity(), "worst_ttft_p99_s_at_0.5": 0.08,
+                "worst_ttft_p99_s_at_0.6": 0.15, "worst_ttft_p99_s_at_0.7": 0.21}
     budgets = get_spec(kind).resolve_params("ci", {})["budgets"]
     return {"normal_step_ms": 10.0} | {f"{k}_ms_budget_{b}": 12.0 + b for b in budgets
                                        for k in ("itl_p99", "ttft")}
+
+
+def simulated_capacity(seed: int = 0) -> float:
+    """The capacity (req/s) of lab 6's simulated server under ``ci``, as its notebook prints it."""
+    params = get_spec("observability").resolve_params("ci", {})
+    dc, shape, _ = datacenter_target(params)
+    width = params["dc_max_num_seqs"]
+    return measure_capacity(dc, width, 8 * width, *shape, seed)[0]["capacity_req_s"]
 
 
 def grade(ns: dict, kind: str, result: dict | None = None) -> dict[str, float]:
@@ -258,6 +291,70 @@ def mi_victima(running):
     return next(r for r in running if not r.is_finished)
 '''),
     ],
+    "observability": [
+        ("arrivals", "huecos fijos de 1/rate", '''
+def mis_llegadas(n, rate, seed):
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate {rate!r}")
+    return [k / rate for k in range(n)]
+'''),
+        ("arrivals", "huecos de media rate en vez de 1/rate", '''
+def mis_llegadas(n, rate, seed):
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate {rate!r}")
+    return [0.0] + np.cumsum(np.random.default_rng(seed).exponential(rate, n - 1)).tolist()
+'''),
+        ("arrivals", "ignora la semilla", '''
+def mis_llegadas(n, rate, seed):
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate {rate!r}")
+    return [0.0] + np.cumsum(np.random.default_rng().exponential(1 / rate, n - 1)).tolist()
+'''),
+        ("arrivals", "rechaza una tasa entera (solo la ve una comprobación oculta)", '''
+def mis_llegadas(n, rate, seed):
+    if not isinstance(rate, float) or not math.isfinite(rate) or rate <= 0:
+        raise ValueError(f"rate {rate!r}")
+    return [0.0] + np.cumsum(np.random.default_rng(seed).exponential(1 / rate, n - 1)).tolist()
+'''),
+        ("percentile", "sin ordenar", '''
+def mi_percentil(values, q):
+    h = (len(values) - 1) * q / 100
+    lo = math.floor(h)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (h - lo) * (values[hi] - values[lo])
+'''),
+        ("percentile", "posición n·q/100 (desplazada en uno)", '''
+def mi_percentil(values, q):
+    x = sorted(values)
+    h = min(len(x) * q / 100, len(x) - 1)
+    lo = math.floor(h)
+    hi = min(lo + 1, len(x) - 1)
+    return x[lo] + (h - lo) * (x[hi] - x[lo])
+'''),
+        ("percentile", "q <= 1 como fracción (solo la ve una comprobación oculta)", '''
+def mi_percentil(values, q):
+    if q <= 1:
+        q = 100 * q
+    x = sorted(values)
+    h = (len(x) - 1) * q / 100
+    lo = math.floor(h)
+    hi = min(lo + 1, len(x) - 1)
+    return x[lo] + (h - lo) * (x[hi] - x[lo])
+'''),
+        ("bootstrap", "remuestrea sin reemplazo", '''
+def mi_bootstrap(values, q, n_boot=1000, alpha=0.05, seed=0):
+    rng = np.random.default_rng(seed)
+    stats = [mi_percentil(list(rng.permutation(values)), q) for _ in range(n_boot)]
+    return mi_percentil(stats, 100 * alpha / 2), mi_percentil(stats, 100 * (1 - alpha / 2))
+'''),
+        ("bootstrap", "ignora la semilla", '''
+def mi_bootstrap(values, q, n_boot=1000, alpha=0.05, seed=0):
+    x = np.asarray(values, dtype=float)
+    idx = np.random.default_rng().integers(0, len(x), size=(n_boot, len(x)))
+    stats = [mi_percentil(list(row), q) for row in x[idx]]
+    return mi_percentil(stats, 100 * alpha / 2), mi_percentil(stats, 100 * (1 - alpha / 2))
+'''),
+    ],
 }
 
 
@@ -313,6 +410,21 @@ def test_wrong_challenge_data_loses_the_extension_points(one_thread):
     m = good_measurement("roofline") | {"floor_int4_ms": 3.0}  # int4 floor equal to int8
     ns = {c.name: resolve_reference(c.reference) for c in find_assessment("roofline").functions}
     assert grade(ns | {"contract": synthetic_contract("roofline", m)}, "roofline")["extension"] == 0
+    good = good_measurement("observability")
+    ns = {c.name: resolve_reference(c.reference)
+          for c in find_assessment("observability").functions}
+    with contextlib.redirect_stdout(io.StringIO()):
+        functions = grade_namespace(ns, find_assessment("observability"), 0)
+    wrong = {"la capacidad de esta máquina, no la simulada": good | {"capacity_req_s": 3.2},
+             "el p99 en milisegundos": {k: v * (1e3 if k.startswith("worst") else 1)
+                                        for k, v in good.items()},
+             "una sola fracción": dict(list(good.items())[:2]),
+             "un p99 menor que el TTFT de una petición sola":
+                 good | {"worst_ttft_p99_s_at_0.5": 1e-4}}
+    for what, m in wrong.items():
+        got = grade(ns | {"contract": synthetic_contract("observability", m)}, "observability",
+                    functions)
+        assert got["extension"] == 0 and got["contract"] == 1, what
 
 
 # --- end to end: real notebooks, real kernels, real limits -----------------------------------------

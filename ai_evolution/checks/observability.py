@@ -160,6 +160,13 @@ def _bootstrap_hint(case: dict, got: tuple[float, float]) -> str:
             "estadísticas, los percentiles 100·alpha/2 y 100·(1 − alpha/2).")
 
 
+def reference_bootstrap(values, q: float, n_boot: int = 1000, alpha: float = 0.05,
+                        seed: int | None = 0) -> tuple[float, float]:
+    """The exercise's signature on ``metrics.bootstrap_ci`` (whose second positional argument is
+    ``stat``): the autograder's reference for ``mi_bootstrap``."""
+    return bootstrap_ci(values, q=q, n_boot=n_boot, alpha=alpha, seed=seed)
+
+
 def check_bootstrap(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(values, q, n_boot=1000, alpha=0.05, seed=0) -> (low, high)``: the percentile-bootstrap
     interval of the ``q``-th percentile, equal to ``metrics.bootstrap_ci(values, q=q, ...)``
