@@ -107,5 +107,6 @@ def datasheet_sim_limitation() -> str:
 
 def timing_limitation(repeats: int) -> str:
     """The limitation every lab that times things must state."""
-    return (f"Cada tiempo es la mediana de {repeats} repeticiones en una máquina compartida; "
+    what = "una sola medición" if repeats == 1 else f"la mediana de {repeats} repeticiones"
+    return (f"Cada tiempo es {what} en una máquina compartida; "
             "diferencias menores que ~15 % entre ejecuciones no son significativas.")
