@@ -8,7 +8,9 @@ decode step reads divided by the read bandwidth probed in this same run. Variant
 rep by rep so that the shared machine's drift hits them alike. Target on CPU, fp32, ~200M
 params: >= 90 % of the floor. The floor of a cold matrix-vector product (measured in the same run)
 is printed too: it is the best decode's matmuls can stream, so it separates "the GEMM kernel is
-slower than a reduction" from "the engine adds overhead".
+slower than a reduction" from "the engine adds overhead". "The linears alone" runs the model's
+own matrix-vector products back to back with nothing between them: the ceiling that removing
+every other cost of the step would reach with torch's GEMV kernels.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
 from ai_evolution.generation import generate
 from ai_evolution.hardware import measure_bandwidth, measure_decode_matmul
@@ -31,6 +34,22 @@ def ours_step_s(model, prompt: list[int], new_tokens: int) -> float:
     stamps: list[float] = []
     generate(model, prompt, new_tokens, on_token=lambda step, toks: stamps.append(time.perf_counter()))
     return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+
+
+def linears_only_step_s(model, steps: int) -> float:
+    """One decode step's matrix-vector products and nothing else: every ``nn.Linear`` of the
+    model, in order, on a one-row input. The ceiling that removing all other overhead would
+    reach with torch's own GEMV kernels."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights]
+    times = []
+    with torch.inference_mode():
+        for _ in range(steps):
+            t = time.perf_counter()
+            for x, w in zip(xs, weights):
+                F.linear(x, w)
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
 
 def hf_model_from(model):
@@ -81,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                            generator=torch.Generator().manual_seed(0)).tolist()
     hf = None if args.no_hf else hf_model_from(model)
     cost = decode_step_cost(model.config, 1, args.prompt_len + args.new_tokens // 2, dtype="fp32")
-    rows: dict[str, list[float]] = {"bandwidth_gbps": [], "gemv_gbps": [], "ours_ms": [], "hf_ms": []}
+    rows: dict[str, list[float]] = {"bandwidth_gbps": [], "gemv_gbps": [], "linears_ms": [],
+                                    "ours_ms": [], "hf_ms": []}
     ours_step_s(model, prompt, 4)  # warm-up
     if hf is not None:
         hf_step_s(hf, prompt, 4)
@@ -90,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         # What a cold matrix-vector product streams: the rate decode's matmuls can reach at best.
         gemv = measure_decode_matmul(rows=(1,), repeats=3, progress=False)[0]
         rows["gemv_gbps"].append(gemv.params["weight_gbps"])
+        rows["linears_ms"].append(linears_only_step_s(model, args.new_tokens) * 1e3)
         rows["ours_ms"].append(ours_step_s(model, prompt, args.new_tokens) * 1e3)
         if hf is not None:
             rows["hf_ms"].append(hf_step_s(hf, prompt, args.new_tokens) * 1e3)
@@ -105,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"read bandwidth (median of {args.reps}): {bw / 1e9:.1f} GB/s -> floor {floor_ms:.2f} ms/token")
     print(f"cold GEMV bandwidth: {gemv_bw / 1e9:.1f} GB/s -> floor {gemv_floor_ms:.2f} ms/token")
     print(f"{'variant':<24}{'step ms (median)':>18}{'range':>14}{'floor / step':>14}{'GEMV floor / step':>19}")
-    for key, label in (("ours_ms", "ai_evolution"), ("hf_ms", "transformers generate")):
+    for key, label in (("linears_ms", "the linears alone"), ("ours_ms", "ai_evolution"),
+                       ("hf_ms", "transformers generate")):
         if rows[key]:
             med = statistics.median(rows[key])
             print(f"{label:<24}{med:>18.2f}{f'{min(rows[key]):.1f}-{max(rows[key]):.1f}':>14}"
