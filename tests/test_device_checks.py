@@ -1,0 +1,38 @@
+"""scripts/device_checks.py: the one script a session lent a GPU runs. On the CPU, small."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import device_checks  # noqa: E402
+
+
+def test_every_check_passes_on_the_cpu_and_prints_a_row(capsys, one_thread):
+    assert device_checks.main(["--device", "cpu", "--quick", "--no-hf"]) == 0
+    out = capsys.readouterr().out
+    for name in ("probes", "exact-float32", "exact-bfloat16"):
+        assert f"\n{name} " in out and "FAIL" not in out
+    assert "3 of 3 checks passed" in out
+
+
+def test_a_failing_check_is_reported_and_the_others_still_run(capsys, monkeypatch, one_thread):
+    def broken(device, quick):
+        raise RuntimeError("sonda rota")
+
+    monkeypatch.setattr(device_checks, "check_probes", broken)
+    assert device_checks.main(["--device", "cpu", "--quick", "--no-hf"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "RuntimeError: sonda rota" in out
+    assert "exact-float32             ok" in out and "2 of 3 checks passed" in out
+
+
+def test_an_unknown_lab_kind_is_refused_with_the_accepted_ones(capsys):
+    with pytest.raises(SystemExit):
+        device_checks.main(["--device", "cpu", "--labs", "kv_cach"])
+    err = capsys.readouterr().err
+    assert "kv_cach" in err and "kv_cache" in err
