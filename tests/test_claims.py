@@ -1,0 +1,135 @@
+"""Claims: the branch a sentence takes is the one its numbers support, and it can be rebuilt."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ai_evolution import claims
+from ai_evolution.labs import validate_contract
+from ai_evolution.labs.contract import evidence
+
+PHRASES = {"what": "A / B", "higher": "A gana", "lower": "B gana"}
+
+
+def test_compare_separated_samples_pick_the_side_they_lie_on():
+    fast, slow = [10.0, 10.2, 9.9, 10.1, 10.0], [5.0, 5.1, 4.9, 5.0, 5.2]
+    c = claims.compare(fast, slow, **PHRASES)
+    assert c.outcome == claims.HIGHER and "A gana" in c.text and c.value == pytest.approx(2.0)
+    c = claims.compare(slow, fast, **PHRASES)
+    assert c.outcome == claims.LOWER and "B gana" in c.text and c.value == pytest.approx(0.5)
+
+
+def test_compare_overlapping_samples_are_inconclusive_and_say_so():
+    a, b = [10.0, 6.0, 12.0, 7.0], [9.0, 11.0, 6.5, 8.0]
+    c = claims.compare(a, b, **PHRASES)
+    assert c.outcome == claims.INCONCLUSIVE
+    assert "A gana" not in c.text and "B gana" not in c.text and "no es concluyente" in c.text
+
+
+def test_one_measurement_never_decides():
+    c = claims.compare([100.0], [1.0], **PHRASES)
+    assert c.outcome == claims.INCONCLUSIVE and "una sola medición" in c.text
+
+
+def test_paired_comparison_cancels_drift_that_unpaired_cannot():
+    # The machine slows down over the run; A is always 10 % faster than B measured beside it.
+    drift = np.linspace(1.0, 3.0, 8)
+    a, b = 1.1 * drift, drift
+    assert claims.compare(a, b, **PHRASES).outcome == claims.HIGHER
+    assert claims.compare(a, b, paired=False, **PHRASES).outcome == claims.INCONCLUSIVE
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.1, 100), min_size=1, max_size=12),
+       st.lists(st.floats(0.1, 100), min_size=1, max_size=12), st.booleans())
+def test_compare_outcome_agrees_with_its_printed_interval(a, b, paired):
+    if paired:
+        b = (b * len(a))[: len(a)]
+    c = claims.compare(a, b, paired=paired, **PHRASES)
+    est = claims.ratio_estimate(a, b, paired=paired)
+    assert c.value == pytest.approx(est.median)
+    if c.outcome == claims.HIGHER:
+        assert est.low > 1 and est.n >= 2
+    elif c.outcome == claims.LOWER:
+        assert est.high < 1 and est.n >= 2
+    else:
+        assert est.n < 2 or est.low <= 1 <= est.high
+    assert claims.recheck(c.evidence("x")) == []
+
+
+def test_threshold_passes_fails_and_straddles():
+    ok = claims.threshold(0.06, 0.15, what="error", passed="validado", failed="no validado")
+    bad = claims.threshold(0.169, 0.15, what="error", passed="validado", failed="no validado")
+    mid = claims.threshold(0.14, 0.15, what="error", passed="validado", failed="no validado",
+                           interval=(0.10, 0.20))
+    assert (ok.outcome, bad.outcome, mid.outcome) == (claims.PASSED, claims.FAILED, claims.INCONCLUSIVE)
+    assert "16,9" in bad.text and "no validado" in bad.text and "15,0" in bad.text
+    assert "validado" in ok.text and "no validado" not in ok.text
+    assert "no validado" not in mid.text and "no es concluyente" in mid.text
+    above = claims.threshold(2.0, 1.5, what="ganancia", passed="sí", failed="no", below=False,
+                             scale=1, unit="veces", decimals=2)
+    assert above.outcome == claims.PASSED and "2,00 veces" in above.text
+
+
+def test_growth_fit_is_non_negative_and_bounded():
+    n = np.arange(1, 65)
+    quad = 0.001 + 0.0002 * n + 0.00005 * n**2
+    lin = 0.002 + 0.003 * n
+    assert claims.fit_growth(n, quad)["exponent"] > 1.5
+    assert claims.growth(n, quad, what="t").outcome == claims.SUPERLINEAR
+    fit = claims.fit_growth(n, lin)
+    assert fit["quadratic_share"] == pytest.approx(0, abs=1e-9) and fit["exponent"] < 1.01
+    assert claims.growth(n, lin, what="t").outcome == claims.LINEAR
+    # Concave data: plain least squares would give c2 < 0 and a share below 0.
+    concave = 5 * np.sqrt(n)
+    fit = claims.fit_growth(n, concave)
+    assert min(fit["c0"], fit["c1"], fit["c2"]) >= 0
+    assert 0 <= fit["quadratic_share"] <= 1 and 0 <= fit["exponent"] <= 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 1e3), min_size=3, max_size=30), st.integers(0, 2**31 - 1))
+def test_growth_metrics_stay_in_range_for_any_data(t, seed):
+    n = np.random.default_rng(seed).permutation(len(t)) + 1
+    fit = claims.fit_growth(n, t)
+    assert min(fit["c0"], fit["c1"], fit["c2"]) >= 0
+    assert 0 <= fit["quadratic_share"] <= 1 and 0 <= fit["exponent"] <= 2
+
+
+def test_nonneg_lstsq_matches_unconstrained_when_that_is_feasible():
+    rng = np.random.default_rng(0)
+    x = rng.random((20, 3))
+    y = x @ np.array([1.0, 2.0, 0.5])
+    assert np.allclose(claims.nonneg_lstsq(x, y), [1.0, 2.0, 0.5])
+
+
+def test_claims_survive_json_and_the_contract_schema():
+    items = [claims.compare([2, 2.1, 2.2], [1, 1.1, 1.0], **PHRASES).evidence("x"),
+             claims.threshold(0.2, 0.15, what="e", passed="p", failed="f").evidence("fracción"),
+             claims.growth([1, 2, 3, 4], [1, 4, 9, 16], what="t").evidence("exponente", "measured"),
+             evidence("Sin afirmación que recomprobar.", 1, "x")]
+    contract = {"schema_version": 1, "kind": "k", "seed": 0, "profile": "ci", "params": {},
+                "environment": {"device": "cpu", "device_name": "cpu",
+                                "versions": {"torch": "x", "ai_evolution": "y"}},
+                "results": {}, "evidence": items, "limitations": ["Una limitación cualquiera."],
+                "volatile_fields": []}
+    validate_contract(contract)
+    again = json.loads(json.dumps(contract))
+    assert claims.recheck_contract(again) == []
+    assert len(claims.claims_of(again)) == 3
+
+
+def test_recheck_catches_a_statement_its_numbers_contradict():
+    item = claims.compare([1, 1.1, 1.05], [2, 2.1, 2.05], **PHRASES).evidence("x")
+    assert item["claim"]["outcome"] == claims.LOWER
+    lying = dict(item, statement=item["statement"].replace("B gana", "A gana"))
+    assert any("statement" in p for p in claims.recheck(lying))
+    tampered = json.loads(json.dumps(item))
+    tampered["claim"]["inputs"]["a"] = [3, 3.1, 3.05]
+    problems = claims.recheck(tampered)
+    assert any("outcome" in p for p in problems) and any("value" in p for p in problems)
