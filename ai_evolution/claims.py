@@ -80,26 +80,33 @@ def estimate(values: Sequence[float], level: float = LEVEL, n_boot: int = N_BOOT
 
 
 def ratio_estimate(a: Sequence[float], b: Sequence[float], paired: bool = True,
-                   level: float = LEVEL, n_boot: int = N_BOOT, seed: int = 0) -> Estimate:
-    """median(a) / median(b) with a bootstrap interval. ``paired``: ``a[i]`` and ``b[i]`` were
-    measured side by side (interleaved), so pairs are resampled together and drift that hits
-    both cancels."""
+                   level: float = LEVEL, n_boot: int = N_BOOT, seed: int = 0,
+                   q: float = 50.0) -> Estimate:
+    """median(a) / median(b) with a bootstrap interval (``q``: another percentile instead of
+    the median, e.g. 99 for a tail). ``paired``: ``a[i]`` and ``b[i]`` were measured side by side
+    (interleaved), so pairs are resampled together and drift that hits both cancels."""
     xa, xb = _samples(a, "a"), _samples(b, "b")
     if np.any(xb <= 0) or np.any(xa < 0):
         raise ValueError("ratio_estimate needs a >= 0 and b > 0")
     if paired and xa.size != xb.size:
         raise ValueError(f"paired samples need equal lengths, got {xa.size} and {xb.size}")
-    ratio = float(np.median(xa) / np.median(xb))
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be a percentile in [0, 100], got {q}")
+
+    def stat(x: np.ndarray, axis=None):
+        return np.percentile(x, q, axis=axis)
+
+    ratio = float(stat(xa) / stat(xb))
     n = min(xa.size, xb.size)
     if xa.size == 1 and xb.size == 1:
         return Estimate(ratio, ratio, ratio, 1)
     rng = np.random.default_rng(seed)
     if paired:
         idx = rng.integers(0, xa.size, size=(n_boot, xa.size))
-        boot = np.median(xa[idx], axis=1) / np.median(xb[idx], axis=1)
+        boot = stat(xa[idx], axis=1) / stat(xb[idx], axis=1)
     else:
-        boot = (np.median(xa[rng.integers(0, xa.size, size=(n_boot, xa.size))], axis=1)
-                / np.median(xb[rng.integers(0, xb.size, size=(n_boot, xb.size))], axis=1))
+        boot = (stat(xa[rng.integers(0, xa.size, size=(n_boot, xa.size))], axis=1)
+                / stat(xb[rng.integers(0, xb.size, size=(n_boot, xb.size))], axis=1))
     tail = 100 * (1 - level) / 2
     return Estimate(ratio, float(np.percentile(boot, tail)), float(np.percentile(boot, 100 - tail)), n)
 
@@ -183,8 +190,9 @@ def _sentence(*parts: str) -> str:
 
 def compare(a: Sequence[float], b: Sequence[float], *, what: str, higher: str, lower: str,
             inconclusive: str = "", paired: bool = True, level: float = LEVEL, seed: int = 0,
-            decimals: int = 2) -> Claim:
+            decimals: int = 2, q: float = 50.0) -> Claim:
     """Is median(a) / median(b) above or below 1, given the bootstrap interval of the ratio?
+    (``q``: compare another percentile, e.g. 99 for the tail; say so in ``what``.)
 
     ``what`` names the ratio (e.g. "tokens/s de los bloques / contiguo"); ``higher`` and ``lower``
     are the conclusions when the whole interval lies above / below 1; otherwise the claim is
@@ -192,7 +200,7 @@ def compare(a: Sequence[float], b: Sequence[float], *, what: str, higher: str, l
     noise).
     """
     a, b = [float(x) for x in a], [float(x) for x in b]
-    est = ratio_estimate(a, b, paired=paired, level=level, seed=seed)
+    est = ratio_estimate(a, b, paired=paired, level=level, seed=seed, q=q)
     if est.n >= 2 and est.low > 1:
         outcome, phrase = HIGHER, higher
     elif est.n >= 2 and est.high < 1:
@@ -208,7 +216,7 @@ def compare(a: Sequence[float], b: Sequence[float], *, what: str, higher: str, l
                f"{interval_text(est.low, est.high, decimals)}, {how})")
     inputs = {"a": a, "b": b, "what": what, "higher": higher, "lower": lower,
               "inconclusive": inconclusive, "paired": paired, "level": level, "seed": seed,
-              "decimals": decimals}
+              "decimals": decimals, "q": q}
     return Claim("compare", outcome, _sentence(numbers, phrase), est.median, inputs)
 
 

@@ -133,3 +133,12 @@ def test_recheck_catches_a_statement_its_numbers_contradict():
     tampered["claim"]["inputs"]["a"] = [3, 3.1, 3.05]
     problems = claims.recheck(tampered)
     assert any("outcome" in p for p in problems) and any("value" in p for p in problems)
+
+
+def test_compare_a_tail_percentile():
+    rng = np.random.default_rng(1)
+    body = rng.exponential(1.0, 200)
+    tail = np.concatenate([body[:190], 50 + rng.random(10)])  # same median, a far heavier tail
+    assert claims.compare(tail, body, paired=False, q=99, **PHRASES).outcome == claims.HIGHER
+    assert claims.compare(tail, body, paired=False, **PHRASES).outcome == claims.INCONCLUSIVE
+    assert claims.recheck(claims.compare(tail, body, paired=False, q=99, **PHRASES).evidence("x")) == []

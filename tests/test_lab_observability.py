@@ -18,8 +18,10 @@ from ai_evolution.engine.request import Request  # noqa: E402
 from ai_evolution.fmt import table  # noqa: E402
 from ai_evolution.labs import (LabParamError, assemble_contract, get_spec, run_lab,  # noqa: E402
                                validate_contract, without_volatile)
-from ai_evolution.labs.observability import (Run, datacenter_target, find_knee,  # noqa: E402
-                                             poisson_run, settle, spread)
+from ai_evolution import claims  # noqa: E402
+from ai_evolution.labs.observability import (Run, coordinated_omission,  # noqa: E402
+                                             datacenter_target, find_knee, poisson_run, settle,
+                                             spread, spread_claim)
 from ai_evolution.loadgen import open_loop_workload, poisson_arrivals  # noqa: E402
 from ai_evolution.loadgen.inprocess import progress_bar, run_open_loop  # noqa: E402
 from ai_evolution.metrics import (bootstrap_ci, load_test_summary, percentile,  # noqa: E402
@@ -31,7 +33,7 @@ from checkutil import fails  # noqa: E402
 from engine_helpers import COST  # noqa: E402
 
 FAST = dict(prompt_len=8, output_len=4, closed_loop_requests=16, requests_per_rate=12,
-            load_fractions=[0.5, 2.0], repeats=2, n_boot=200, dc_requests=20, dc_repeats=3,
+            load_fractions=[0.5, 1.0, 2.0], repeats=2, n_boot=200, dc_requests=20, dc_repeats=3,
             dc_output_len=16, dc_settle_requests=240, settle_fractions=[0.9])
 
 
@@ -46,7 +48,7 @@ def test_contract_reports_capacity_sweep_repeats_and_simulation(contract):
     m, s = r["measured"], r["simulated"]
     assert m["capacity"]["capacity_req_s"] > 0 and m["capacity"]["clients"] == 8
     assert m["capacity"]["capacity_tok_s"] == pytest.approx(4 * m["capacity"]["capacity_req_s"])
-    assert [row["fraction"] for row in m["sweep"]] == [0.5, 2.0]
+    assert [row["fraction"] for row in m["sweep"]] == [0.5, 1.0, 2.0]
     assert len(m["repeats"]) == 2 and len(s["repeats"]) == 3
     for row in m["sweep"] + s["sweep"] + s["repeats"]:
         lo, hi = row["ttft_p99_ci_s"]
@@ -54,7 +56,7 @@ def test_contract_reports_capacity_sweep_repeats_and_simulation(contract):
         assert row["goodput_req_s"] <= row["throughput_req_s"] + 1e-12
     assert s["setup"]["model"] == "llama-3.1-8b" and s["capacity"]["capacity_req_s"] > 0
     assert [b["block"] for b in s["settle"][0]["blocks"]] == [30, 60]  # 240 requests: >= 4 blocks
-    assert len(r["arrivals"]["sweep_rate_ratio"]) == 2 and len(r["arrivals"]["repeat_rate_ratio"]) == 2
+    assert len(r["arrivals"]["sweep_rate_ratio"]) == 3 and len(r["arrivals"]["repeat_rate_ratio"]) == 2
     # the simulated server is overloaded at twice its capacity: its TTFT grows
     assert s["sweep"][-1]["ttft_p99_s"] > s["sweep"][0]["ttft_p99_s"]
     assert contract["volatile_fields"] == ["results.measured"]
@@ -89,6 +91,7 @@ def test_assemble_contract_checks_params_like_run_lab(contract):
     ({"prompt_len": 400, "output_len": 200}, "supera las 512 posiciones"),
     ({"closed_loop_requests": 10}, "al menos 2 × max_num_seqs = 16"),
     ({"dc_settle_requests": 100}, "al menos 120"),
+    ({"load_fractions": "0.5,2"}, "entre 0,8 y 1,25"),
     ({"load_fractions": "0.5,-1"}, "valores aceptados"),
     ({"model": "gpt-5"}, "tiny-es"),
     ({"repeats": 1}, ">= 2"),
@@ -96,6 +99,46 @@ def test_assemble_contract_checks_params_like_run_lab(contract):
 def test_bad_parameters_are_rejected_in_spanish(params, match):
     with pytest.raises(LabParamError, match=match):
         run_lab("observability", profile="ci", **{**FAST, **params})
+
+
+def test_every_claim_in_the_contract_is_what_its_own_numbers_give(contract):
+    assert claims.recheck_contract(contract) == []
+    kinds = [item["claim"]["kind"] for item in claims.claims_of(contract)]
+    assert kinds.count("compare") == 1 and kinds.count("threshold") == 1
+    omission = next(i for i in claims.claims_of(contract) if i["claim"]["kind"] == "compare")
+    # the closed loop is compared with the open-loop run at the same offered load (1 ×)
+    assert "a 1,00 veces la capacidad" in omission["statement"]
+    assert len(omission["claim"]["inputs"]["a"]) == FAST["requests_per_rate"]
+    assert len(omission["claim"]["inputs"]["b"]) == FAST["closed_loop_requests"]
+
+
+def _omission_study(open_ttft, closed_ttft, fraction=1.0) -> dict:
+    return {"capacity": {"ttft_s": closed_ttft, "ttft_p99_s": float(np.percentile(closed_ttft, 99))},
+            "at_capacity": {"ttft_s": open_ttft, "fraction": fraction,
+                            "ttft_p99_s": float(np.percentile(open_ttft, 99))}}
+
+
+@pytest.mark.parametrize("scale,outcome,says,never", [
+    (10.0, claims.HIGHER, "omisión coordinada", "vio más cola"),
+    (0.1, claims.LOWER, "vio más cola", "omisión coordinada"),
+    (1.0, claims.INCONCLUSIVE, "no es concluyente", "omisión coordinada"),
+])
+def test_coordinated_omission_verdict_follows_the_numbers(scale, outcome, says, never):
+    rng = np.random.default_rng(0)
+    closed = rng.uniform(0.01, 0.02, 40).tolist()
+    open_ = (scale * rng.uniform(0.01, 0.02, 30)).tolist()
+    c = coordinated_omission(_omission_study(open_, closed))
+    assert c.outcome == outcome and says in c.text and never not in c.text
+    assert "la misma carga ofrecida" in c.text
+    assert "parecida" in coordinated_omission(_omission_study(open_, closed, 0.9)).text
+
+
+@pytest.mark.parametrize("ratio,outcome", [(15.1, claims.PASSED), (1.2, claims.FAILED)])
+def test_spread_verdict_follows_the_ratio(ratio, outcome):
+    c = spread_claim({"ratio": ratio}, "Simulado")
+    assert c.outcome == outcome
+    assert ("reproducido" in c.text) == (outcome == claims.PASSED)
+    assert ("no se reproduce" in c.text) == (outcome == claims.FAILED)
 
 
 # --- analysis helpers ----------------------------------------------------------------------------

@@ -3,6 +3,8 @@ stops at its first exercise with a Spanish hint, and points Colab at the configu
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +14,8 @@ import jupytext
 import nbformat
 import papermill
 import pytest
+
+from ai_evolution import claims
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -70,6 +74,37 @@ def test_install_line_follows_the_configured_url():
         '    %pip install -q "git+https://github.com/a/b" # colab-install'
 
 
+def _glued_texts(nb) -> dict[str, str]:
+    """The strings a notebook glued (myst-nb's ``glue(key, text, display=False)``), by key."""
+    found = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            key = out.get("metadata", {}).get("scrapbook", {}).get("name")
+            value = out.get("data", {}).get("application/papermill.record/text/plain")
+            if key and value and value[:1] in "'\"":
+                found[key] = ast.literal_eval(value)
+    return found
+
+
+def _printed_contract(nb) -> dict:
+    """The contract the notebook printed with ``print(to_json(contract))``."""
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "print(to_json(contract))" in c.source)
+    return json.loads("".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream"))
+
+
+def assert_page_agrees_with_its_contract(nb) -> None:
+    """One run per page: each verdict the page glues (keys ending in ``_verdict``) is a claim
+    of the contract printed on the same page, and every claim there is what its own numbers give."""
+    contract = _printed_contract(nb)
+    assert claims.recheck_contract(contract) == [], claims.recheck_contract(contract)
+    statements = {item["statement"] for item in claims.claims_of(contract)}
+    verdicts = {k: v for k, v in _glued_texts(nb).items() if k.endswith("_verdict")}
+    for key, text in verdicts.items():
+        assert text in statements, f"glued {key!r} is not a claim of this page's contract: {text!r}"
+    if any(item.get("volatile") for item in claims.claims_of(contract)):
+        assert verdicts, "the contract has measured claims but the page glues no `*_verdict`"
+
+
 def _execute(nb_path: Path, out: Path, **parameters) -> None:
     papermill.execute_notebook(str(nb_path), str(out), parameters=parameters, cwd=str(nb_path.parent),
                                kernel_name="python3", progress_bar=False)
@@ -84,6 +119,7 @@ def test_solution_runs_under_ci_and_its_checked_outputs_are_reproducible(solutio
     text = "\n".join(o.get("text", "") for c in executed.cells if c.cell_type == "code"
                      for o in c.outputs)
     assert "✘" not in text and text.count("✔") >= 3  # every lab has at least two checks and the challenge
+    assert_page_agrees_with_its_contract(executed)
     # nbval re-executes the notebook and compares the cells tagged nbval-check-output.
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "--nbval-lax", "--nbval-current-env", str(out)],

@@ -38,6 +38,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .. import claims
 from ..engine import SamplingParams, build_engine
 from ..fmt import es
 from ..hardware import get_device_spec
@@ -121,7 +122,8 @@ def measure_capacity(make_engine: Callable, clients: int, total_requests: int, p
     return {"clients": clients, "requests": len(reqs), "capacity_req_s": capacity,
             "capacity_tok_s": capacity * output_len, "overall_req_s": stats["throughput_req_s"],
             "mean_e2e_s": mean_e2e, "little_req_s": clients / mean_e2e,
-            "ttft_p50_s": stats["ttft_p50_s"], "ttft_p99_s": stats["ttft_p99_s"]}, reqs
+            "ttft_p50_s": stats["ttft_p50_s"], "ttft_p99_s": stats["ttft_p99_s"],
+            "ttft_s": [float(r.ttft) for r in reqs]}, reqs
 
 
 def poisson_run(make_engine: Callable, n: int, rate: float, prompt_len: int, output_len: int,
@@ -237,13 +239,16 @@ def analyse_sweep(capacity: dict, sweep: list[Run], params: dict,
     low = run_rows(sweep[:1], percentile_fn=percentile_fn, ci_fn=ci_fn, n_boot=params["n_boot"])[0]
     slo = low_load_slo(low, params["slo_ttft_factor"], params["slo_tpot_factor"])
     rows = run_rows(sweep, slo["ttft_slo_s"], slo["tpot_slo_s"], percentile_fn, ci_fn, params["n_boot"])
-    at_capacity = min(rows, key=lambda r: abs(r["fraction"] - 1.0))
+    k_cap = min(range(len(rows)), key=lambda k: abs(rows[k]["fraction"] - 1.0))
+    at_capacity = rows[k_cap]
     overload = max(rows, key=lambda r: r["fraction"])
     best = max(rows, key=lambda r: r["goodput_req_s"])
     return {"capacity": capacity, "slo": slo, "sweep": rows,
             "knee": find_knee(rows, params["knee_factor"]),
             "at_capacity": {"fraction": at_capacity["fraction"],
-                            "ttft_p99_s": at_capacity["ttft_p99_s"]},
+                            "realized_rate": at_capacity["realized_rate"],
+                            "ttft_p99_s": at_capacity["ttft_p99_s"],
+                            "ttft_s": [float(r.ttft) for r in sweep[k_cap].requests]},
             "overload": {"fraction": overload["fraction"], "realized_rate": overload["realized_rate"],
                          "ttft_p99_s": overload["ttft_p99_s"]},
             "best_goodput": {"fraction": best["fraction"], "realized_rate": best["realized_rate"],
@@ -320,6 +325,8 @@ _ROW_KEYS = ("fraction", "configured_rate", "realized_rate", "throughput_req_s",
 
 def _slim(study: dict) -> dict:
     out = {k: v for k, v in study.items() if k not in ("sweep", "repeats", "settle")}
+    for key in ("capacity", "at_capacity"):  # raw samples: the claims that read them keep them
+        out[key] = {k: v for k, v in study[key].items() if k != "ttft_s"}
     out["sweep"] = [{k: r[k] for k in _ROW_KEYS} for r in study["sweep"]]
     out["repeats"] = [{k: r[k] for k in _ROW_KEYS} for r in study["repeats"]]
     if "settle" in study:
@@ -329,15 +336,60 @@ def _slim(study: dict) -> dict:
     return out
 
 
-def _knee_text(knee: dict | None, factor: float, capacity: float, where: str) -> str:
+def knee_text(knee: dict | None, factor: float, capacity: float) -> str:
+    """Where the TTFT p99 leaves the low-load level, as a clause (no capital, no full stop)."""
     if knee is None:
-        return (f"{where}, ninguna tasa del barrido lleva el TTFT p99 por encima de {es(factor, 0)} "
-                "veces el de la tasa más baja.")
-    return (f"{where}, el codo está en {es(knee['realized_rate'], 2)} peticiones/s realizadas "
-            f"({es(knee['realized_rate'] / capacity, 2)} × la capacidad de {es(capacity, 2)}; "
-            f"configuradas {es(knee['fraction'], 2)} ×): el TTFT p99 pasa de "
-            f"{es(1e3 * knee['low_load_ttft_p99_s'], 1)} ms a la tasa más baja a "
-            f"{es(1e3 * knee['ttft_p99_s'], 1)} ms, más de {es(factor, 0)} veces.")
+        return (f"ninguna tasa del barrido lleva el TTFT p99 por encima de {es(factor, 0)} veces el "
+                "de la tasa más baja")
+    return (f"el TTFT p99 supera {es(factor, 0)} veces el de la tasa más baja a partir de "
+            f"{es(knee['realized_rate'], 2)} peticiones/s realizadas "
+            f"({es(knee['realized_rate'] / capacity, 2)} veces la capacidad de {es(capacity, 2)}; "
+            f"configuradas {es(knee['fraction'], 2)} veces): pasa de "
+            f"{es(1e3 * knee['low_load_ttft_p99_s'], 1)} ms a {es(1e3 * knee['ttft_p99_s'], 1)} ms")
+
+
+def settle_text(near: dict) -> str:
+    """Whether blocks of a long run settle on its p99, as a clause (no capital, no full stop)."""
+    last = near["blocks"][-1]
+    tol = es(100 * near["tolerance"], 0)
+    if near["settled_at"]:
+        return (f"tres de cada cuatro bloques quedan a ±{tol} % del p99 de la ejecución larga a "
+                f"partir de bloques de {near['settled_at']} peticiones")
+    return (f"ni con bloques de {last['block']} peticiones quedan tres de cada cuatro a ±{tol} % del "
+            f"p99 de la ejecución larga (solo el {es(100 * last['within_share'], 0)} %; su p99 va de "
+            f"{es(last['p99_min_s'], 2)} a {es(last['p99_max_s'], 2)} s)")
+
+
+SPREAD_CRITERION = 2.0  # "p99 of one short run is not a stable number": max/min p99 at least this
+
+
+def spread_claim(spread: dict, where: str) -> claims.Claim:
+    """Do repeated runs at one rate disagree on their TTFT p99 (the seed's phenomenon)?"""
+    return claims.threshold(
+        spread["ratio"], SPREAD_CRITERION, below=False, scale=1, unit="veces", decimals=1,
+        what=f"{where}, el mayor TTFT p99 de las ejecuciones repetidas entre el menor",
+        passed=("el p99 de una sola ejecución corta no es un número estable: es el fenómeno de "
+                "la semilla, reproducido"),
+        failed=("aquí las ejecuciones repetidas apenas discrepan: con estos parámetros el "
+                "fenómeno de la semilla no se reproduce"))
+
+
+def coordinated_omission(measured: dict) -> claims.Claim:
+    """Closed loop at full capacity against the open-loop run nearest 1 × capacity: the same
+    offered load, so the only difference is whether the load generator waits for the server.
+    Their TTFT p99, compared with a bootstrap interval of the ratio."""
+    cap, at = measured["capacity"], measured["at_capacity"]
+    return claims.compare(
+        at["ttft_s"], cap["ttft_s"], paired=False, q=99,
+        what=(f"TTFT p99 del bucle abierto a {es(at['fraction'], 2)} veces la capacidad "
+              f"({es(1e3 * at['ttft_p99_s'], 1)} ms) entre el del bucle cerrado a plena capacidad "
+              f"({es(1e3 * cap['ttft_p99_s'], 1)} ms), con "
+              + ("la misma carga ofrecida" if at["fraction"] == 1 else "una carga ofrecida parecida")),
+        higher=("el bucle cerrado, que espera cada respuesta antes de enviar la siguiente, oculta "
+                "la cola que ven los usuarios que llegan a su ritmo: omisión coordinada"),
+        lower="aquí el bucle cerrado vio más cola que el abierto con la misma carga ofrecida",
+        inconclusive=("el intervalo contiene el 1: con estas pocas peticiones la diferencia de "
+                      "cola entre los dos bucles no es concluyente"))
 
 
 def report(model_name: str, params: dict, measured: dict, simulated: dict) -> dict:
@@ -353,13 +405,8 @@ def report(model_name: str, params: dict, measured: dict, simulated: dict) -> di
     n, width = params["requests_per_rate"], params["max_num_seqs"]
     ratios = [round(r, 6) for r in sweep_ratios + repeat_ratios]
     worst = measured["sweep"][-1]
-    settle_rows = simulated["settle"]
-    near = settle_rows[-1]
+    near = simulated["settle"][-1]
     last = near["blocks"][-1]
-    settle_text = (f"hacen falta bloques de {near['settled_at']} peticiones" if near["settled_at"] else
-                   f"ni bloques de {last['block']} peticiones bastan (lo logra el "
-                   f"{es(100 * last['within_share'], 0)} %; su p99 va de {es(last['p99_min_s'], 2)} a "
-                   f"{es(last['p99_max_s'], 2)} s)")
     setup = simulated["setup"]
     evidence = [
         _ev(f"Con {width} clientes en bucle cerrado, {model_name} sirve {es(cap['capacity_req_s'], 2)} "
@@ -370,7 +417,8 @@ def report(model_name: str, params: dict, measured: dict, simulated: dict) -> di
             f"{es(cap['mean_e2e_s'], 3)} s = {es(cap['little_req_s'], 2)} peticiones/s, frente a "
             f"{es(cap['capacity_req_s'], 2)} medidas.", cap["little_req_s"], "peticiones/s",
             "measured", True),
-        _ev(_knee_text(measured["knee"], params["knee_factor"], cap["capacity_req_s"], "Medido"),
+        _ev("Medido en esta máquina, " + knee_text(measured["knee"], params["knee_factor"],
+                                                    cap["capacity_req_s"]) + ".",
             measured["knee"]["realized_rate"] if measured["knee"] else 0.0, "peticiones/s",
             "measured", True),
         _ev(f"Con {n} peticiones por ejecución, la tasa realizada se aparta de la configurada entre "
@@ -390,16 +438,16 @@ def report(model_name: str, params: dict, measured: dict, simulated: dict) -> di
             f"SLO); el mayor goodput, {es(measured['best_goodput']['goodput_req_s'], 2)} peticiones/s, "
             f"se da a {es(measured['best_goodput']['fraction'], 2)} × la capacidad.",
             worst["goodput_req_s"], "peticiones/s", "measured", True),
-        _ev(f"Omisión coordinada: el bucle cerrado, que espera cada respuesta antes de enviar, nunca "
-            f"ofrece más que la capacidad y reporta un TTFT p99 de {es(1e3 * cap['ttft_p99_s'], 1)} ms; "
-            f"en bucle abierto, a {es(measured['overload']['fraction'], 2)} × la capacidad, es de "
-            f"{es(1e3 * measured['overload']['ttft_p99_s'], 1)} ms (a 1 ×, "
-            f"{es(1e3 * measured['at_capacity']['ttft_p99_s'], 1)} ms).",
+        coordinated_omission(measured).evidence("x"),
+        _ev(f"El bucle cerrado nunca ofrece más que la capacidad; en bucle abierto, a "
+            f"{es(measured['overload']['fraction'], 2)} veces la capacidad, el TTFT p99 es de "
+            f"{es(1e3 * measured['overload']['ttft_p99_s'], 1)} ms.",
             measured["overload"]["ttft_p99_s"], "s", "measured", True),
         _ev(f"Simulado ({setup['model']} en {setup['device']}, {setup['dtype']}, {setup['max_num_seqs']} "
             f"filas, {setup['prompt_len']}/{setup['output_len']} tokens): capacidad "
             f"{es(scap['capacity_req_s'], 2)} peticiones/s ({es(scap['capacity_tok_s'], 0)} tokens/s). "
-            + _knee_text(simulated["knee"], params["knee_factor"], scap["capacity_req_s"], "En el simulador"),
+            + "En el simulador, " + knee_text(simulated["knee"], params["knee_factor"],
+                                              scap["capacity_req_s"]) + ".",
             scap["capacity_req_s"], "peticiones/s", "computed"),
         _ev(f"Simulado: {len(simulated['repeats'])} ejecuciones de {setup['requests_per_run']} peticiones "
             f"a {es(params['repeat_fraction'], 2)} × la capacidad dan un TTFT p99 entre "
@@ -407,9 +455,10 @@ def report(model_name: str, params: dict, measured: dict, simulated: dict) -> di
             f"({es(ssp['ratio'], 1)} veces); el intervalo bootstrap de una ejecución contiene el p99 de "
             f"otra en el {es(100 * ssp['cross_coverage'], 0)} % de los pares.",
             ssp["ratio"], "x", "computed"),
-        _ev(f"Simulado: para que tres de cada cuatro bloques de peticiones consecutivas tengan su "
-            f"TTFT p99 a ±{es(100 * params['settle_tolerance'], 0)} % del de una ejecución de "
-            f"{near['requests']} peticiones a {es(near['fraction'], 2)} × la capacidad, {settle_text}.",
+        spread_claim(ssp, "Simulado").evidence("x", "computed", volatile=False),
+        _ev(f"Simulado, al cortar en bloques de peticiones consecutivas una ejecución de "
+            f"{near['requests']} peticiones a {es(near['fraction'], 2)} × la capacidad, "
+            + settle_text(near) + ".",
             near["settled_at"] or last["block"], "peticiones", "computed"),
     ]
     top = math.ceil(0.01 * n)  # p99 of n values interpolates among the top one or two
@@ -451,6 +500,10 @@ def check_params(params: dict, max_positions: int) -> None:
         raise LabParamError(f"closed_loop_requests={params['closed_loop_requests']} debe ser al menos "
                             f"2 × max_num_seqs = {2 * params['max_num_seqs']} (una ronda completa "
                             "con todos los clientes en vuelo)")
+    if not any(0.8 <= f <= 1.25 for f in params["load_fractions"]):
+        raise LabParamError(f"load_fractions={params['load_fractions']} necesita una fracción entre 0,8 "
+                            "y 1,25 de la capacidad: la omisión coordinada se mide comparando el "
+                            "bucle cerrado con el abierto a la misma carga ofrecida")
     if params["dc_settle_requests"] < 4 * 30:
         raise LabParamError(f"dc_settle_requests={params['dc_settle_requests']} debe ser al menos "
                             "120 (cuatro bloques de 30)")
