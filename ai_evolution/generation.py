@@ -16,6 +16,9 @@ from torch import Tensor
 from .model.attention import AttentionFn, ContiguousKVCache
 from .model.decoder import Transformer
 
+# Temperatures below this are greedy (as in vLLM): dividing logits by a smaller one overflows.
+SAMPLING_EPS = 1e-5
+
 CACHE_KINDS = (None, "contiguous")
 
 
@@ -44,8 +47,8 @@ def generate(model: Transformer, prompt_ids: Sequence[int] | Sequence[Sequence[i
     if cache is None and attn_fn is not None:
         raise ValueError("attn_fn replaces the cached attention step, so it needs cache='contiguous'; "
                          "got cache=None")
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+    if not temperature >= 0 or temperature == float("inf"):
+        raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be an integer >= 1 or None, got {top_k!r}")
     if top_p is not None and not 0 < top_p <= 1:
@@ -173,8 +176,9 @@ def _cached_stepper(model: Transformer, prompts: list[list[int]], kv: Contiguous
 
 def pick_tokens(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
           generator: torch.Generator | None) -> Tensor:
-    """One token per row from float32 logits ``[B, V]`` -> ``[B]``."""
-    if temperature == 0:
+    """One token per row from float32 logits ``[B, V]`` -> ``[B]`` (greedy below
+    ``SAMPLING_EPS``: a smaller temperature would overflow the division)."""
+    if temperature < SAMPLING_EPS:
         return logits.argmax(dim=-1)
     logits = logits / temperature
     if top_k is not None and top_k < logits.shape[-1]:
@@ -185,6 +189,7 @@ def pick_tokens(logits: Tensor, temperature: float, top_k: int | None, top_p: fl
         probs = sorted_logits.softmax(dim=-1)
         # Drop a token once the more likely ones already reach top_p; the first always stays.
         drop = probs.cumsum(dim=-1) - probs >= top_p
+        drop[:, 0] = False  # however small top_p is (even below float32's resolution)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     probs = logits.softmax(dim=-1)

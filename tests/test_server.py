@@ -291,6 +291,15 @@ BAD = [  # (path, body, status, param, code, words in the message)
      "messages[0].content[0]", None, "text"),
     (CHAT, {**OK_CHAT, "model": "nope"}, 404, "model", "model_not_found", "no existe"),
     (CHAT, {**OK_CHAT, "n": 3, "stream": True}, 400, "n", None, "n debe ser 1"),
+    (C, {**OK, "seed": 2**64}, 400, "seed", None, "2**64 - 1"),
+    (C, {**OK, "seed": -(2**63) - 1}, 400, "seed", None, "-2**63"),
+    (C, '{"model": "tiny-es", "prompt": "a\\ud800b", "max_tokens": 2}', 400, "prompt", None,
+     "sustituto"),
+    (CHAT, '{"model": "tiny-es", "messages": [{"role": "user", "content": "ab\\udfff"}]}', 400,
+     "messages[0].content", None, "sustituto"),
+    (C, {**OK, "prompt": "x" * 2_000_000}, 400, "prompt", None, "caracteres"),
+    (CHAT, {**OK_CHAT, "messages": [{"role": "user", "content": "y" * 2_000_000}]}, 400,
+     "messages[0].content", None, "caracteres"),
 ]
 
 
@@ -305,6 +314,70 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(http, path, body, 
     assert err["type"] == "invalid_request_error"
     good = http.post(path, json=OK if path == C else OK_CHAT)
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_error_bodies_stay_small_and_huge_bodies_are_refused_unread(http):
+    resp = http.post(C, json={**OK, "stop_token_ids": list(range(100_000, 200_000))})
+    err = assert_openai_error(resp, 400, "stop_token_ids")
+    assert "100000 valor" in err["message"] and len(resp.content) < 2000
+    resp = http.post(C, json={**OK, "prompt": "z" * 5_000_000})
+    assert resp.status_code == 413 and "máximo" in resp.json()["error"]["message"]
+    assert http.post(C, json=OK).status_code == 200
+
+
+class _PoisonedStep:
+    """The engine's executor, except that a step computing a request whose prompt starts with
+    ``marker`` raises (a kernel bug triggered by one request's data)."""
+
+    def __init__(self, runner, marker: int) -> None:
+        self.runner, self.marker = runner, marker
+
+    def now(self):
+        return self.runner.now()
+
+    def idle_until(self, t):
+        self.runner.idle_until(t)
+
+    def execute(self, out):
+        if any(s.request.prompt_token_ids[0] == self.marker for s in out.scheduled):
+            raise RuntimeError("fallo simulado del núcleo")
+        return self.runner.execute(out)
+
+
+def test_poison_requests_fail_alone_while_eight_streams_run(server, client, http, ref):
+    marker = 7
+    prompts = [f"{p} {i}" for i, p in enumerate(PROMPTS * 4)]  # 8 streams
+    wants = [w.text for w in ref.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
+    poison = [  # (body, status)
+        ({**OK, "seed": 2**64}, 400),
+        ({**OK, "prompt": "x" * 2_000_000}, 400),
+        ({**OK, "stop_token_ids": list(range(100_000, 200_000))}, 400),
+        ({**OK, "temperature": 1e-39, "max_tokens": 8}, 200),
+        ({**OK, "temperature": 0.7, "top_p": 1e-46, "seed": 1, "max_tokens": 8}, 200),
+        ({**OK, "prompt": [marker, 20, 30, 40], "max_tokens": 8}, 500),  # fails inside a step
+    ]
+    raw_poison = ('{"model": "tiny-es", "prompt": "a\\ud800b", "max_tokens": 2}', 400)
+    server.engine_loop.call(
+        lambda e: setattr(e, "executor", _PoisonedStep(e.executor, marker))).result(timeout=30)
+    try:
+        def one(prompt):
+            stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                               temperature=0, stream=True,
+                                               extra_body={"ignore_eos": True})
+            return "".join(c.choices[0].text for c in stream if c.choices)
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            streams = [pool.submit(one, p) for p in prompts]
+            statuses = [http.post(C, json=body).status_code for body, _ in poison]
+            statuses.append(http.post(C, content=raw_poison[0],
+                                      headers={"content-type": "application/json"}).status_code)
+            texts = [f.result(timeout=120) for f in streams]
+    finally:
+        server.engine_loop.call(
+            lambda e: setattr(e, "executor", e.executor.runner)).result(timeout=30)
+    assert statuses == [status for _, status in poison] + [raw_poison[1]]
+    assert texts == wants  # the eight streams never noticed
+    wait_idle(server)
 
 
 def test_unknown_route_and_method_get_openai_errors(http):

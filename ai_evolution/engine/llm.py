@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Protocol, Sequence
 
@@ -30,7 +30,7 @@ class Executor(Protocol):
 
     def now(self) -> float: ...
     def idle_until(self, t: float) -> None: ...
-    def execute(self, out: SchedulerOutput) -> dict[str, int]: ...
+    def execute(self, out: SchedulerOutput) -> dict[str, int | Exception]: ...
 
 
 class StepEntry(NamedTuple):
@@ -187,15 +187,40 @@ class LLMEngine:
         for s in out.scheduled:
             if s.request.first_scheduled_time is None:
                 s.request.first_scheduled_time = start
-        sampled = self.executor.execute(out)
+        sampled, failed = self._execute(out)
         end = self.executor.now()
+        for s in out.scheduled:
+            if s.request_id in failed:
+                self.scheduler.fail_request(s.request, failed[s.request_id], end)
         self.scheduler.update_from_output(out, sampled, end)
         self.history.append(StepRecord(out.step, start, end,
                                        tuple(StepEntry(s.request_id, s.slot, s.num_tokens,
                                                        s.context_len, s.is_prefill)
                                              for s in out.scheduled),
                                        out.slots, out.num_slots))
-        return [RequestOutput.of(s.request) for s in out.scheduled if s.request_id in sampled]
+        return [RequestOutput.of(s.request) for s in out.scheduled
+                if s.request_id in sampled or s.request_id in failed]
+
+    def _execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, str]]:
+        """Run a step: the sampled tokens, and a Spanish message for every request whose part
+        failed. If the whole step raises, each request runs again alone to find the one that
+        caused it (re-running writes the same K/V to the same positions), so one bad request
+        fails only itself."""
+        try:
+            result = self.executor.execute(out)
+        except Exception as err:  # noqa: BLE001 - isolated below, never lost
+            if len(out.scheduled) == 1:
+                return {}, {out.scheduled[0].request_id: _step_error(out.step, err)}
+            sampled, failed = {}, {}
+            for s in out.scheduled:
+                one, bad = self._execute(replace(out, scheduled=[s]))
+                sampled.update(one)
+                failed.update(bad)
+            return sampled, failed
+        sampled = {rid: t for rid, t in result.items() if not isinstance(t, BaseException)}
+        failed = {rid: _step_error(out.step, t) for rid, t in result.items()
+                  if isinstance(t, BaseException)}
+        return sampled, failed
 
     def run(self, arrivals: Sequence[tuple[float, Sequence[int], SamplingParams]] = ()) -> list[Request]:
         """Serve ``(arrival_time, prompt, params)`` online: each request is added when the clock
@@ -231,6 +256,11 @@ class LLMEngine:
         return [added[i] for i in range(len(pending))]
 
 
+def _step_error(step: int, err: BaseException, limit: int = 300) -> str:
+    text = f"la petición falló en el paso {step}: {type(err).__name__}: {err}"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _as_model(model, dtype, device) -> Transformer:
     if isinstance(model, Transformer):
         return model
@@ -256,6 +286,13 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
     ``max_num_batched_tokens`` caps the tokens of a step; ``enable_chunked_prefill`` splits
     prompts that do not fit into chunks; ``token_fn`` and ``victim_fn`` replace the scheduler's
     token split and preemption choice (chapter 5)."""
+    for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len),
+                        ("block_size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} debe ser un entero >= 1; se recibió {value!r}")
+    if num_blocks is not None and (isinstance(num_blocks, bool)
+                                   or not isinstance(num_blocks, numbers.Integral) or num_blocks < 1):
+        raise ValueError(f"num_blocks debe ser un entero >= 1 o None; se recibió {num_blocks!r}")
     if kv is not None:
         pass
     elif kv_layout == "contiguous":
@@ -321,6 +358,14 @@ class LLM:
         A prompt or parameter set that is invalid gets an output with ``error`` set and
         ``finish_reason == "rejected"``; the others are served normally.
         """
+        if prompts is None or isinstance(prompts, (bytes, dict)) or not hasattr(prompts, "__len__"):
+            raise TypeError("prompts debe ser un texto, una lista de ids de token o una lista de "
+                            f"ellos; se recibió {type(prompts).__name__}")
+        # (a list may hold a bad entry: that prompt alone is rejected below)
+        if not (sampling_params is None or isinstance(sampling_params, (SamplingParams, list, tuple))):
+            raise TypeError("sampling_params debe ser un SamplingParams o una lista con uno por "
+                            f"prompt; se recibió {type(sampling_params).__name__} (para un dict, "
+                            "use SamplingParams(**d))")
         if isinstance(prompts, torch.Tensor):  # one prompt [T], or a batch [B, T]
             prompts = [prompts] if prompts.dim() <= 1 else list(prompts)
         if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], numbers.Integral)):

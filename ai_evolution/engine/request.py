@@ -16,6 +16,8 @@ from typing import Sequence
 
 import torch
 
+from ..generation import SAMPLING_EPS
+
 
 class RequestRejected(ValueError):
     """A request the engine refuses (bad prompt or parameters); the others keep being served."""
@@ -33,19 +35,33 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"        # produced a stop token (EOS or one of stop_token_ids)
     ABORT = "abort"      # aborted by the caller
     REJECTED = "rejected"  # never admitted: its input was invalid
+    ERROR = "error"      # its part of a step failed; the other requests went on
+
+
+# torch.Generator.manual_seed accepts any integer in [-2**63, 2**64).
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+# An error message lists at most this many offending values.
+MAX_LISTED = 5
 
 
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def _short(x, limit: int = 40) -> str:
+    """``repr(x)`` cut to ``limit`` characters: error messages stay small whatever came in."""
+    text = repr(x)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick the tokens of one request.
 
-    ``temperature == 0`` is greedy; otherwise sample from ``softmax(logits / temperature)``
-    restricted to ``top_k`` tokens and to the nucleus ``top_p``, with a generator seeded by
-    ``seed`` (same seed, same tokens, whatever else shares the batch). Generation ends after
+    ``temperature == 0`` (or below ``SAMPLING_EPS``) is greedy; otherwise sample from
+    ``softmax(logits / temperature)`` restricted to ``top_k`` tokens and to the nucleus
+    ``top_p`` (the most likely token always stays), with a generator seeded by ``seed`` (an
+    integer in [-2**63, 2**64); same seed, same tokens, whatever else shares the batch). Generation ends after
     ``max_tokens`` tokens, or at a stop token (the model's EOS and ``stop_token_ids``) unless
     ``ignore_eos`` (which ignores EOS but still honours ``stop_token_ids``).
     """
@@ -59,31 +75,44 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        stops = self.stop_token_ids
+        if isinstance(stops, (str, bytes)) or not hasattr(stops, "__iter__"):
+            raise RequestRejected(f"stop_token_ids debe ser una lista de ids de token (vacía si no "
+                                  f"hay ninguno); se recibió {_short(stops)}")
+        object.__setattr__(self, "stop_token_ids", tuple(stops))
         problems = self.problems()
         if problems:
             raise RequestRejected("; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        """Pick the most likely token (temperature 0, or too small to divide by)."""
+        return self.temperature < SAMPLING_EPS
 
     def problems(self, vocab_size: int | None = None) -> list[str]:
         """Spanish descriptions of every invalid field (empty when all are valid)."""
         out = []
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            out.append(f"max_tokens debe ser un entero >= 1; se recibió {self.max_tokens!r}")
+            out.append(f"max_tokens debe ser un entero >= 1; se recibió {_short(self.max_tokens)}")
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
-            out.append(f"temperature debe ser un número finito >= 0 (0 = voraz); se recibió {t!r}")
+            out.append(f"temperature debe ser un número finito >= 0 (0 = voraz); se recibió {_short(t)}")
         if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
-            out.append(f"top_k debe ser un entero >= 1 o None; se recibió {self.top_k!r}")
+            out.append(f"top_k debe ser un entero >= 1 o None; se recibió {_short(self.top_k)}")
         if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real)
                                        or not 0 < self.top_p <= 1):
-            out.append(f"top_p debe estar en (0, 1] o ser None; se recibió {self.top_p!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            out.append(f"seed debe ser un entero o None; se recibió {self.seed!r}")
-        for t in self.stop_token_ids:
-            if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
-                accepted = ">= 0" if vocab_size is None else f"0..{vocab_size - 1}"
-                out.append(f"stop_token_ids contiene {t!r}, que no es un token del vocabulario "
-                           f"(enteros {accepted})")
+            out.append(f"top_p debe estar en (0, 1] o ser None; se recibió {_short(self.top_p)}")
+        if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
+            out.append(f"seed debe ser un entero entre -2**63 y 2**64 - 1, o None; se recibió "
+                       f"{_short(self.seed)}")
+        bad = [t for t in self.stop_token_ids
+               if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size)]
+        if bad:
+            accepted = ">= 0" if vocab_size is None else f"0..{vocab_size - 1}"
+            listed = ", ".join(_short(t) for t in bad[:MAX_LISTED])
+            more = f" y {len(bad) - MAX_LISTED} más" if len(bad) > MAX_LISTED else ""
+            out.append(f"stop_token_ids contiene {len(bad)} valor(es) que no son tokens del "
+                       f"vocabulario (enteros {accepted}): {listed}{more}")
         return out
 
 
@@ -143,6 +172,7 @@ class Request(TimingRecord):
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     finish_reason: FinishReason | None = None
+    error: str | None = None  # why it failed (finish_reason ERROR)
     num_preemptions: int = 0
     # Timing record, in the executor's clock (seconds).
     first_scheduled_time: float | None = None
@@ -190,7 +220,7 @@ class RequestOutput:
     @classmethod
     def of(cls, req: Request, text: str | None = None) -> "RequestOutput":
         return cls(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
-                   req.is_finished, req.finish_reason, text, None, request_metrics(req))
+                   req.is_finished, req.finish_reason, text, req.error, request_metrics(req))
 
 
 def request_metrics(req: Request) -> dict:
@@ -218,7 +248,7 @@ def validate_prompt(prompt_token_ids: Sequence[int], vocab_size: int, max_model_
         raise RequestRejected("el prompt está vacío: hace falta al menos un token")
     for j, t in enumerate(ids):
         if not _is_int(t) or not 0 <= t < vocab_size:
-            raise RequestRejected(f"el token {j} del prompt ({t!r}) no está en el vocabulario "
+            raise RequestRejected(f"el token {j} del prompt ({_short(t)}) no está en el vocabulario "
                                   f"(enteros 0..{vocab_size - 1})")
     if len(ids) >= max_model_len:
         raise RequestRejected(f"el prompt tiene {len(ids)} tokens y max_model_len es "

@@ -68,9 +68,10 @@ class ModelRunner:
 
     # --- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[str, int]:
+    def execute(self, out: SchedulerOutput) -> dict[str, int | Exception]:
         """Run the step's tokens; return the sampled token of every request that completed its
-        pending tokens (all of them, until chapter 5 splits prompts into chunks)."""
+        pending tokens (all of them, until chapter 5 splits prompts into chunks), or the
+        exception its sampling raised."""
         ids, pos, blocks, offsets, last = [], [], [], [], []
         bs = self.block_size
         for s in out.scheduled:
@@ -92,13 +93,18 @@ class ModelRunner:
             synchronize(self.device)
             return {}
         logits = self.model.logits(hidden[0, rows]).float()               # [n, V]
-        tokens = logits.argmax(dim=-1)
+        out_tokens: dict[str, int | Exception] = dict(
+            zip((s.request_id for s in samples), logits.argmax(dim=-1).tolist()))
         for j, s in enumerate(samples):
             p = s.request.sampling_params
-            if p.temperature > 0:
-                tokens[j] = pick_tokens(logits[j:j + 1], p.temperature, p.top_k, p.top_p,
-                                        self._generator(s.request))[0]
-        return {s.request_id: t for s, t in zip(samples, tokens.tolist())}
+            if not p.greedy:
+                try:  # one request's sampling can fail without failing the others'
+                    out_tokens[s.request_id] = int(pick_tokens(
+                        logits[j:j + 1], p.temperature, p.top_k, p.top_p,
+                        self._generator(s.request))[0])
+                except Exception as err:  # noqa: BLE001 - reported as that request's error
+                    out_tokens[s.request_id] = err
+        return out_tokens
 
     def _generator(self, request) -> torch.Generator:
         if request.generator is None:

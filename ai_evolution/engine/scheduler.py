@@ -197,6 +197,17 @@ class Scheduler:
                 return r
         return None
 
+    def fail_request(self, request: Request, message: str, now: float) -> None:
+        """Finish ``request`` with ``FinishReason.ERROR``: its part of a step failed. Its KV is
+        freed like an aborted request's; the other requests are untouched."""
+        if request.is_finished:
+            return
+        if request in self.waiting:
+            self.waiting.remove(request)
+            self.kv.free(request)
+        request.error = message
+        self._finish(request, FinishReason.ERROR, now)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting) or any(not r.is_finished for r in self.running)
 
@@ -284,6 +295,8 @@ class Scheduler:
         finished = []
         for s in output.scheduled:
             r = s.request
+            if r.is_finished:  # failed during the step (``fail_request``): nothing to record
+                continue
             r.num_computed_tokens = s.context_len
             self.kv.cache_full_blocks(r)
             if r.num_computed_tokens < r.num_tokens:  # a prompt chunk that samples nothing

@@ -8,6 +8,7 @@ everything else of the contract and validates it.
 from __future__ import annotations
 
 import importlib
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -88,8 +89,10 @@ class Param:
                 if self.type is int and isinstance(value, float) and value != converted:
                     raise bad()
                 value = converted
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise bad() from None
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes every bound
+            raise bad()
         if self.choices is not None and value not in self.choices:
             raise bad()
         if self.min is not None and value < self.min:
@@ -131,6 +134,16 @@ def get_spec(kind: str) -> LabSpec:
     return importlib.import_module(_LABS[kind]).SPEC
 
 
+SEED_MAX = 2**64 - 1  # torch.manual_seed's upper bound
+
+
+def check_seed(seed: Any) -> int:
+    """A lab seed: an integer in [0, 2**64); LabParamError (Spanish) otherwise."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise LabParamError(f"seed debe ser un entero entre 0 y 2**64 - 1; se recibió {str(seed)[:40]}")
+    return seed
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -141,8 +154,7 @@ def run_lab(kind: str, seed: int = 0, profile: str | None = None, device: str | 
             **params: Any) -> dict:
     """Run a lab and return its validated evidence contract (see ``contract.py``)."""
     spec = get_spec(kind)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise LabParamError(f"seed debe ser un entero, no {seed!r}")
+    check_seed(seed)
     profile = resolve_profile(profile)
     resolved = spec.resolve_params(profile, params)
     dev = pick_device(device)
@@ -160,6 +172,7 @@ def assemble_contract(kind: str, seed: int, profile: str, params: dict, body: di
     its contract with this instead of running everything again; ``params`` are checked as
     ``run_lab`` checks them.
     """
+    check_seed(seed)
     profile = resolve_profile(profile)
     params = get_spec(kind).resolve_params(profile, params)
     dev = pick_device(device) if not isinstance(device, torch.device) else device

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ACTIVATIONS = ("silu", "swish")  # SwiGLU: silu(gate) * up
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,11 @@ class ModelConfig:
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads} "
                 "(grouped-query attention shares each KV head among a whole group of query heads)"
             )
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} debe ser un número finito > 0; se recibió {value!r}")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"model_type={self.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -93,7 +100,14 @@ class ModelConfig:
                 raise FileNotFoundError(f"config.json not found: {path}")
             hf = json.loads(path.read_text())
             name = name or path.parent.name
+            if not isinstance(hf, dict):
+                raise ValueError(f"{path} debe contener un objeto JSON (claves como model_type, "
+                                 f"hidden_size...); contiene un {type(hf).__name__}")
         model_type = hf.get("model_type")
+        act = hf.get("hidden_act", hf.get("hidden_activation", "silu"))
+        if act not in SUPPORTED_ACTIVATIONS:
+            raise ValueError(f"hidden_act={act!r} no está soportada en config.json: este decodificador "
+                             f"usa SwiGLU; aceptadas: {', '.join(SUPPORTED_ACTIVATIONS)}")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"unsupported model_type {model_type!r} in config.json; supported model_types: "

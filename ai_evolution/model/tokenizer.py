@@ -54,6 +54,14 @@ class Tokenizer:
         """Number of ids, special tokens included."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def longest_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry: no token covers more characters of a
+        text, so a text of ``n`` characters has at least ``n / longest_token_chars`` tokens."""
+        if not hasattr(self, "_longest"):
+            self._longest = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
+        return self._longest
+
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         """Token ids of ``text``; with ``add_bos`` the ``<s>`` id goes first."""
         ids = self._tok.encode(text, add_special_tokens=False).ids

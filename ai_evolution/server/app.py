@@ -49,14 +49,21 @@ class ServerState:
         self.metrics = metrics
         self.vocab_size = engine.vocab_size        # fixed at construction: safe to read here
         self.max_model_len = engine.max_model_len
+        # No text longer than this can fit max_model_len tokens: refused before tokenising.
+        self.max_prompt_chars = (None if tokenizer is None or not hasattr(tokenizer, "longest_token_chars")
+                                 else self.max_model_len * tokenizer.longest_token_chars)
         self.created = int(time.time())
 
 
+MAX_REQUEST_BYTES = 4 * 2**20
+
+
 def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
-               max_waiting: int | None = 256) -> FastAPI:
+               max_waiting: int | None = 256, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     """An app serving ``engine`` (an ``LLMEngine``) under ``model_name``. ``tokenizer`` turns
     text prompts into ids (without it only token-id prompts work, and responses carry no text).
-    The engine thread starts and stops with the app (its lifespan)."""
+    The engine thread starts and stops with the app (its lifespan). A body over
+    ``max_request_bytes`` is refused (413) before it is read."""
     state = ServerState(engine, tokenizer, model_name, max_waiting, ServerMetrics())
 
     @asynccontextmanager
@@ -70,6 +77,16 @@ def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
     app = FastAPI(title="ai_evolution: servidor compatible con OpenAI", lifespan=lifespan)
     app.state.server = state
     _install_error_handlers(app, state)
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_request_bytes:
+            if request.url.path in GENERATION_PATHS:
+                state.metrics.outcome("rejected")
+            return JSONResponse(P.error_body(f"la petición ocupa {length} bytes; el máximo es "
+                                             f"{max_request_bytes}"), status_code=413)
+        return await call_next(request)
 
     @app.get("/health")
     async def health():
@@ -93,7 +110,11 @@ def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
         received = time.perf_counter()
         _check_model(state, body.model)
         prompt = P.completion_prompt(body.prompt, state.tokenizer)
-        ids = state.tokenizer.encode(prompt, add_bos=True) if isinstance(prompt, str) else prompt
+        if isinstance(prompt, str):  # checked first; tokenised off the event loop
+            P.check_text(prompt, "prompt", state.max_prompt_chars)
+            ids = await asyncio.to_thread(state.tokenizer.encode, prompt, add_bos=True)
+        else:
+            ids = prompt
         ids = _checked_prompt(state, ids, "prompt")
         params = P.to_sampling_params(body, len(ids), state.max_model_len, state.vocab_size,
                                       default_max_tokens=16)
@@ -107,7 +128,12 @@ def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
         if state.tokenizer is None:
             raise P.APIError(400, "este servidor no tiene tokenizador: el chat necesita uno; usa "
                                   "/v1/completions con ids de token", param="messages")
-        ids = _checked_prompt(state, apply_chat_template(state.tokenizer, messages), "messages")
+        for i, (_, text) in enumerate(messages):
+            P.check_text(text, f"messages[{i}].content", state.max_prompt_chars)
+        if state.max_prompt_chars is not None and sum(len(t) for _, t in messages) > state.max_prompt_chars:
+            P.check_text("".join(t for _, t in messages), "messages", state.max_prompt_chars)
+        ids = await asyncio.to_thread(apply_chat_template, state.tokenizer, messages)
+        ids = _checked_prompt(state, ids, "messages")
         params = P.to_sampling_params(body, len(ids), state.max_model_len, state.vocab_size,
                                       default_max_tokens=None)
         return await _generate(state, request, "chat", body, ids, params, received)

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..engine.request import RequestRejected, SamplingParams
+from ..engine.request import FinishReason, RequestRejected, SamplingParams
 from .metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -253,6 +253,9 @@ class EngineLoop:
             if handle is None:
                 continue
             req = handle.request
+            if req.finish_reason is FinishReason.ERROR:  # its part of the step failed: only it
+                self._finish(handle, "error", message=req.error, status=500)
+                continue
             new = req.output_token_ids[handle._num_sent:]
             if handle._num_sent == 0 and new and req.ttft is not None:
                 self.metrics.ttft.observe(max(0.0, req.ttft))

@@ -50,9 +50,31 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
+MAX_ERROR_CHARS = 1000  # an error body stays small whatever the request carried
+
+
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + "… (mensaje recortado)"
+    if param is not None and len(param) > 200:
+        param = param[:200] + "…"
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def check_text(text: str, param: str, max_chars: int | None) -> str:
+    """A prompt text before it reaches the tokenizer: valid Unicode (no lone UTF-16 surrogate,
+    which JSON can carry and UTF-8 cannot) and not so long that it cannot fit the model."""
+    if max_chars is not None and len(text) > max_chars:
+        raise APIError(400, f"el texto tiene {len(text)} caracteres y no cabe en el contexto del "
+                            f"modelo: como mucho {max_chars} (max_model_len por los caracteres del "
+                            "token más largo del vocabulario)", param=param)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise APIError(400, f"el texto contiene un sustituto UTF-16 suelto en la posición "
+                            f"{err.start}: no es Unicode válido", param=param) from None
+    return text
 
 
 _TYPE_WORDS = {
