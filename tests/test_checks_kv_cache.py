@@ -94,13 +94,61 @@ def test_attention_check_rejects_off_by_one_cache_index(small_model):
     fails(checks.check_cached_attention, off_by_one, "caché quedó mal escrita", model=small_model)
 
 
+def _at_max(c0, c1, c2, n_at):
+    fitted = c0 + c1 * n_at + c2 * n_at**2
+    return {"c0": c0, "c1": c1, "c2": c2, "quadratic_share": c2 * n_at**2 / fitted,
+            "exponent": (c1 * n_at + 2 * c2 * n_at**2) / fitted}
+
+
 def test_fit_check_accepts_reference_and_rejects_reversed_coefficients():
     assert checks.check_fit_growth(fit_growth, raise_on_fail=False).passed
 
     def reversed_fit(n, t):
-        c2, c1, c0 = np.polyfit(n, t, 2)[::-1]
-        return {"c0": c0, "c1": c1, "c2": c2, "quadratic_share": 0.0}
-    fails(checks.check_fit_growth, reversed_fit, "c2")
+        f = fit_growth(n, t)
+        return f | {"c0": f["c2"], "c2": f["c0"]}
+    fails(checks.check_fit_growth, reversed_fit, "c2", "orden de los coeficientes")
+
+
+def test_fit_check_rejects_free_least_squares_with_the_physical_hint():
+    def free_fit(n, t):
+        c2, c1, c0 = np.polyfit(np.asarray(n, float), np.asarray(t, float), 2)
+        return _at_max(c0, c1, c2, float(np.max(n)))
+    fails(checks.check_fit_growth, free_fit, "el ajuste libre da", "no tiene sentido físico")
+
+
+def test_fit_check_rejects_dropping_every_negative_term_at_once():
+    """Greedy: drop all negative terms, refit, stop at the first feasible fit (not the best)."""
+    def greedy(n, t):
+        n, t = np.asarray(n, float), np.asarray(t, float)
+        design, cols = np.stack([np.ones_like(n), n, n**2], axis=1), [0, 1, 2]
+        while True:
+            coef, *_ = np.linalg.lstsq(design[:, cols], t, rcond=None)
+            if np.all(coef >= 0):
+                full = np.zeros(3)
+                full[cols] = coef
+                return _at_max(*full, float(n.max()))
+            cols = [c for c, v in zip(cols, coef) if v >= 0]
+    from ai_evolution.grading.assessment import find_assessment
+    hidden = find_assessment("kv_cache").hidden_module._fit_best_feasible
+    result = hidden(greedy)
+    assert not result.passed and "menor error" in result.message, result.message
+
+
+def test_fit_check_names_the_missing_exponent():
+    def no_exponent(n, t):
+        return {k: v for k, v in fit_growth(n, t).items() if k != "exponent"}
+    fails(checks.check_fit_growth, no_exponent, "exponent")
+
+
+def test_fit_reference_stays_physical_on_noisy_linear_data():
+    """The metric the chapter reads: shares in [0, 1] and exponents in [0, 2], never 115 %."""
+    rng = np.random.default_rng(0)
+    n = np.arange(1, 161, dtype=float)
+    for _ in range(50):
+        t = np.cumsum(0.004 + 0.002 * rng.standard_normal(n.shape).clip(-1.5, 3))
+        f = fit_growth(n, t)
+        assert min(f["c0"], f["c1"], f["c2"]) >= 0
+        assert 0 <= f["quadratic_share"] <= 1 and 0 <= f["exponent"] <= 2
 
 
 def test_budget_check_accepts_reference_and_rejects_rounding_up():

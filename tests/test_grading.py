@@ -215,12 +215,38 @@ _ok = my_cached_attention
 def my_cached_attention(q, k_new, v_new, k_cache, v_cache, positions):
     return _ok(q, k_new, v_new, k_cache, v_cache, positions + 1)
 '''),
-        ("fit_growth", "cuota cuadrática en el último n, no en el mayor", '''
+        ("fit_growth", "ajuste libre: admite coeficientes negativos", '''
 def fit_growth(n, t):
     c2, c1, c0 = np.polyfit(np.asarray(n, float), np.asarray(t, float), 2)
+    big = float(np.max(n))
+    fitted = c0 + c1 * big + c2 * big**2
+    return {"c0": c0, "c1": c1, "c2": c2, "quadratic_share": c2 * big**2 / fitted,
+            "exponent": (c1 * big + 2 * c2 * big**2) / fitted}
+'''),
+        ("fit_growth", "cuota y exponente en el último n, no en el mayor", '''
+_ok = fit_growth
+def fit_growth(n, t):
+    f = _ok(n, t)
     last = float(n[-1])
-    return {"c0": c0, "c1": c1, "c2": c2,
-            "quadratic_share": c2 * last**2 / (c0 + c1 * last + c2 * last**2)}
+    fitted = f["c0"] + f["c1"] * last + f["c2"] * last**2
+    return f | {"quadratic_share": f["c2"] * last**2 / fitted,
+                "exponent": (f["c1"] * last + 2 * f["c2"] * last**2) / fitted}
+'''),
+        ("fit_growth", "quita a la vez todos los términos negativos y se queda con ese ajuste", '''
+def fit_growth(n, t):
+    n, t = np.asarray(n, float), np.asarray(t, float)
+    design, cols = np.stack([np.ones_like(n), n, n**2], axis=1), [0, 1, 2]
+    while True:
+        coef, *_ = np.linalg.lstsq(design[:, cols], t, rcond=None)
+        if np.all(coef >= 0):
+            break
+        cols = [c for c, v in zip(cols, coef) if v >= 0]
+    c = np.zeros(3)
+    c[cols] = coef
+    big = n.max()
+    fitted = c[0] + c[1] * big + c[2] * big**2
+    return {"c0": c[0], "c1": c[1], "c2": c[2], "quadratic_share": c[2] * big**2 / fitted,
+            "exponent": (c[1] * big + 2 * c[2] * big**2) / fitted}
 '''),
         ("sequences_that_fit", "redondea hacia arriba", '''
 import math as _math

@@ -156,35 +156,82 @@ def check_cached_attention(fn: Callable, seed: int = 0, model=None, prompts=None
 
 # --- (c) fitting growth ------------------------------------------------------------------------
 
-def check_fit_growth(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
-    """``fn(n, t) -> {"c0", "c1", "c2", "quadratic_share"}``, as ``ai_evolution.timing.fit_growth``."""
-    from ..timing import fit_growth
+FIT_KEYS = ("c0", "c1", "c2", "quadratic_share", "exponent")
 
-    name = "ajuste lineal frente a cuadrático"
+NEGATIVE_HINT = ("un coeficiente negativo no tiene sentido físico: un tiempo no baja al añadir "
+                 "tokens. Si el ajuste libre da alguno, quite ese término y ajuste de nuevo los "
+                 "demás; entre todos los ajustes sin coeficientes negativos, quédese con el de "
+                 "menor error cuadrático.")
+BEST_FIT_HINT = ("el ajuste pedido es el de menor error cuadrático entre los que no tienen "
+                 "coeficientes negativos: compare el error de todos los ajustes posibles sin "
+                 "coeficientes negativos (con los tres términos, con dos, con uno), no se quede "
+                 "con el primero que lo cumpla.")
+SHARE_HINT = ("quadratic_share es la fracción del tiempo ajustado que aporta el término en n², "
+              "leída en el n más grande (max(n), que no tiene por qué ser el último).")
+EXPONENT_HINT = ("exponent es la pendiente del tiempo ajustado en escala logarítmica, "
+                 "d ln t / d ln n, en el n más grande: 1 si el tiempo es proporcional a n, 2 si es "
+                 "proporcional a n².")
+
+
+def fit_cases(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray, str]]:
+    """Total times against tokens: some with a feasible free fit, and two whose free
+    least-squares fit has a negative coefficient (a curve that bends down, a negative offset)."""
     rng = np.random.default_rng(seed)
     cases = []
-    for c0, c1, c2, noise in [(0.01, 0.002, 0.0, 0.0), (0.0, 0.001, 2e-5, 0.0),
-                              (0.05, 0.003, 1e-6, 1e-4), (0.02, 0.0, 4e-5, 1e-4)]:
+    for c0, c1, c2, noise, what in [
+            (0.01, 0.002, 0.0, 0.0, "lineal"),
+            (0.0, 0.001, 2e-5, 0.0, "cuadrático sin término constante"),
+            (0.05, 0.003, -2e-6, 1e-4, "curva que se dobla hacia abajo: el ajuste libre da c2 < 0"),
+            (-0.02, 0.002, 1e-5, 1e-4, "desplazamiento negativo: el ajuste libre da c0 < 0"),
+            (0.02, 0.0, 4e-5, 1e-4, "cuadrático con ruido")]:
         n = np.sort(rng.choice(np.arange(4, 400), size=12, replace=False)).astype(float)
         t = c0 + c1 * n + c2 * n**2 + noise * rng.standard_normal(n.shape)
-        cases.append((n, t, f"c0={c0}, c1={c1}, c2={c2}, ruido={noise}"))
+        coef = "; ".join(f"{k} = {v:g}".replace(".", ",") for k, v in
+                         (("c0", c0), ("c1", c1), ("c2", c2), ("ruido", noise)))
+        cases.append((n, t, f"{what}; {coef}"))
+    return cases
+
+
+def compare_fit(got, expected: dict) -> tuple[str, str] | None:
+    """``(message, hint)`` for the first key of ``got`` that differs from the reference fit."""
+    if not isinstance(got, dict) or set(expected) - set(got):
+        return (f"se espera un dict con las claves {sorted(expected)}, se obtuvo {got!r}.", "")
+    try:
+        values = {key: float(got[key]) for key in FIT_KEYS}
+    except (TypeError, ValueError):
+        return (f"las claves {list(FIT_KEYS)} deben ser números; se obtuvo {got!r}.", "")
+    for key in ("c2", "c1", "c0", "quadratic_share", "exponent"):
+        e, g = expected[key], values[key]
+        if math.isclose(g, e, rel_tol=1e-6, abs_tol=1e-9):
+            continue
+        message = f"{key}: se esperaba {e:.6g} y se obtuvo {g:.6g}."
+        if key in ("c0", "c1", "c2"):
+            swapped = (math.isclose(g, expected["c0"], rel_tol=1e-6, abs_tol=1e-12)
+                       and math.isclose(values["c0"], e, rel_tol=1e-6, abs_tol=1e-12))
+            if key == "c2" and swapped:
+                return message, "c2 es el coeficiente de n²; compruebe el orden de los coeficientes."
+            if min(values["c0"], values["c1"], values["c2"]) < -1e-12:
+                return message, NEGATIVE_HINT
+            return message, BEST_FIT_HINT
+        return message, SHARE_HINT if key == "quadratic_share" else EXPONENT_HINT
+    return None
+
+
+def check_fit_growth(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
+    """``fn(n, t) -> {"c0", "c1", "c2", "quadratic_share", "exponent"}``: the least-squares fit
+    with non-negative coefficients of ``ai_evolution.timing.fit_growth``."""
+    from ..timing import fit_growth
+
+    name = "ajuste del crecimiento con coeficientes no negativos"
+    cases = fit_cases(seed)
     for i, (n, t, label) in enumerate(cases):
         expected = fit_growth(n, t)
         got, crash = call_student(name, fn, n.copy(), t.copy())
         if crash:
             return finish(failed(name, i, label, crash), raise_on_fail)
-        if not isinstance(got, dict) or set(expected) - set(got):
-            return finish(failed(name, i, label, f"se espera un dict con las claves "
-                                 f"{sorted(expected)}, se obtuvo {got!r}."), raise_on_fail)
-        for key in ("c2", "c1", "c0", "quadratic_share"):
-            e, g_ = expected[key], float(got[key])
-            if not math.isclose(g_, e, rel_tol=1e-6, abs_tol=1e-9):
-                hint = ("c2 es el coeficiente de n²; compruebe el orden de los coeficientes."
-                        if math.isclose(g_, expected["c0"], rel_tol=1e-6, abs_tol=1e-12) else
-                        "ajuste por mínimos cuadrados t ≈ c0 + c1·n + c2·n² (np.polyfit o "
-                        "np.linalg.lstsq) y calcule quadratic_share en el n más grande.")
-                return finish(failed(name, i, label, f"{key}: se esperaba {e:.6g} y se obtuvo "
-                                     f"{g_:.6g}.", hint), raise_on_fail)
+        wrong = compare_fit(got, expected)
+        if wrong:
+            return finish(failed(name, i, label, *wrong), raise_on_fail)
     return finish(passed(name, len(cases)), raise_on_fail)
 
 

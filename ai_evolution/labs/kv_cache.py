@@ -2,10 +2,16 @@
 
 1. Arithmetic (computed): KV bytes per token for real configurations, MHA vs GQA vs MQA, and
    how many sequences fit on a GPU after the weights (the worked examples of the chapter).
-2. The shipped model (measured): the allocated cache has exactly the predicted bytes, and greedy
-   decoding gives the same tokens with and without the cache.
-3. Time (measured, volatile): per-token time as the sequence grows, with and without the cache,
-   and a fit of the total time to c0 + c1*n + c2*n^2.
+2. The shipped model (measured, :func:`measure_cache`): whether the allocated cache has the
+   predicted bytes, whether greedy decoding gives the same tokens with and without the cache,
+   and how far apart the logits of the two paths are.
+3. Time (measured, volatile, :func:`measure_timing`): per-token time as the sequence grows, with
+   and without the cache, in interleaved rounds.
+
+:func:`report` turns those measurements into the contract's body, with every conclusion about
+this machine computed by :mod:`ai_evolution.claims` (:func:`verdicts`); ``run`` = measure +
+report (``run_lab``, the CLI, the grader), and the notebook calls the same functions in its own
+cells, so a page and its contract come from one run.
 """
 
 from __future__ import annotations
@@ -13,12 +19,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import claims
 from ..fmt import es, es_bytes
 from ..generation import generate
 from ..model import (MemoryBudget, dtype_bytes, get_preset, kv_bytes, kv_bytes_per_token,
                      memory_budget, param_count)
 from ..model.attention import ContiguousKVCache
-from ..timing import fit_growth, step_times
+from ..timing import fit_growth, interleaved_step_times, torch_threads
 from .contract import evidence as _ev, timing_limitation
 from .roofline import load_model as roofline_load_model
 from .registry import LabParamError, LabSpec, Param
@@ -26,6 +33,10 @@ from .registry import LabParamError, LabSpec, Param
 ARITHMETIC_PRESETS = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.3",
                       "qwen3-0.6b", "smollm2-135m")
 TIMING_MODELS = ("tiny-es", "smollm2-135m", "cpu-200m")
+# Largest |difference| between two float32 computations of the same numbers in a different
+# order that still reads as rounding: a thousand times the float32 step of a value near 10
+# (a logit). A wrong cache (a missing token, a shifted position) moves values by 1e-2 to 1.
+ROUNDING_LIMIT = 1e-3
 
 
 def worked_examples() -> dict[str, MemoryBudget]:
@@ -51,26 +62,204 @@ def load_timing_model(name: str, seed: int, device: torch.device):
     return roofline_load_model(name, seed, torch.float32, device)
 
 
-def cached_vs_uncached_logits(model, prompt: list[int], n_steps: int) -> float:
-    """Largest |logit| difference between cached decode steps and an uncached forward pass."""
+def check_params(params: dict, config) -> None:
+    """The generated sequence must fit in the model's positions."""
+    max_len = params["prompt_len"] + params["max_new_tokens"]
+    if max_len > config.max_position_embeddings:
+        raise LabParamError(
+            f"prompt_len + max_new_tokens = {max_len} supera las {config.max_position_embeddings} "
+            f"posiciones del modelo {config.name}; reduzca max_new_tokens a "
+            f"{config.max_position_embeddings - params['prompt_len']} o menos")
+
+
+def lab_prompts(config, params: dict, seed: int) -> list[list[int]]:
+    """The seeded prompts of the lab: ``batch_size`` of them, lengths ``prompt_len + 3 i``.
+    The first, cut to ``prompt_len``, is the prompt of the timings."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, config.vocab_size, (params["prompt_len"] + 3 * i,), generator=gen).tolist()
+            for i in range(params["batch_size"])]
+
+
+def cached_vs_uncached_logits(model, prompt: list[int], n_steps: int, attn_fn=None) -> dict:
+    """Largest |logit| difference between cached decode steps and an uncached forward pass, and
+    the largest |logit| (the scale of the rounding)."""
     device = next(model.parameters()).device
-    tokens = generate(model, prompt, n_steps, cache="contiguous")[0]
+    tokens = generate(model, prompt, n_steps, cache="contiguous", attn_fn=attn_fn)[0]
     seq = torch.tensor([prompt + tokens], device=device)
     with torch.inference_mode():
         full = model(seq)[0]  # [T, V], every position recomputed from scratch
         cache = ContiguousKVCache(model.config, 1, seq.shape[1], dtype=full.dtype, device=device)
         pos = torch.arange(len(prompt), device=device)[None]
-        steps = [model(seq[:, : len(prompt)], positions=pos, kv_cache=cache)[0, -1]]
+        steps = [model(seq[:, : len(prompt)], positions=pos, kv_cache=cache, attn_fn=attn_fn)[0, -1]]
         for t in range(len(prompt), seq.shape[1] - 1):
             pos = torch.tensor([[t]], device=device)
-            steps.append(model(seq[:, t : t + 1], positions=pos, kv_cache=cache)[0, -1])
+            steps.append(model(seq[:, t : t + 1], positions=pos, kv_cache=cache,
+                               attn_fn=attn_fn)[0, -1])
     cached = torch.stack(steps)
-    return float((cached - full[len(prompt) - 1 : -1]).abs().max())
+    reference = full[len(prompt) - 1 : -1]
+    return {"max_abs_diff": float((cached - reference).abs().max()),
+            "max_abs_logit": float(reference.abs().max()), "steps": len(steps)}
 
 
-def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
+# --- measurements ------------------------------------------------------------------------------
+def measure_cache(model, params: dict, prompts: list[list[int]], attn_fn=None) -> dict:
+    """The cache of the real model: bytes allocated against the formula, greedy tokens with and
+    without it, and the logits of both paths. ``attn_fn`` replaces the library's attention step
+    in the cached path (the notebook plugs in the student's)."""
+    cfg = model.config
+    max_len = params["prompt_len"] + params["max_new_tokens"]
+    model_dtype = next(model.parameters()).dtype
+    cache = ContiguousKVCache(cfg, params["batch_size"], max_len, dtype=model_dtype,
+                              device=next(model.parameters()).device)
+    allocated = int(cache.nbytes)
+    del cache
+    n_check = params["exactness_tokens"]
+    with_cache = generate(model, prompts, n_check, cache="contiguous", attn_fn=attn_fn)
+    without_cache = [generate(model, p, n_check, cache=None)[0] for p in prompts]
+    logits = cached_vs_uncached_logits(model, prompts[0], min(n_check, 16), attn_fn=attn_fn)
+    return {
+        "model": {"name": cfg.name, "parameters": param_count(cfg),
+                  "dtype": str(model_dtype).removeprefix("torch."),
+                  "kv_bytes_per_token": kv_bytes_per_token(cfg, model_dtype),
+                  "batch_size": params["batch_size"], "max_len": max_len,
+                  "cache_bytes_predicted": kv_bytes(cfg, max_len, params["batch_size"],
+                                                    dtype=model_dtype),
+                  "cache_bytes_allocated": allocated},
+        "exactness": {"prompts": len(prompts), "tokens_per_prompt": n_check,
+                      "identical_greedy_tokens": with_cache == without_cache},
+        "numerics": {"max_abs_logit_diff_cached_vs_uncached": logits["max_abs_diff"],
+                     "max_abs_logit": logits["max_abs_logit"], "steps": logits["steps"]},
+    }
+
+
+def measure_timing(model, prompt: list[int], params: dict) -> dict:
+    """Per-token milliseconds of every run with and without the cache, measured in interleaved
+    rounds (cached, uncached, cached, ...) after one warm-up round."""
+    with torch_threads(params["torch_threads"]):
+        threads = torch.get_num_threads()
+        cached, uncached = interleaved_step_times(model, prompt, params["max_new_tokens"],
+                                                  caches=("contiguous", None),
+                                                  repeats=params["repeats"])
+    return {"prompt_len": len(prompt), "torch_threads": threads,
+            "runs_ms_cached": (cached * 1e3).tolist(), "runs_ms_uncached": (uncached * 1e3).tolist()}
+
+
+# --- what the measurements say -----------------------------------------------------------------
+def tail_steps(n_new: int) -> int:
+    """The last eighth of the steps: where the two paths differ most, several steps so that one
+    slow step does not decide."""
+    return max(1, n_new // 8)
+
+
+def timing_summary(timing: dict) -> dict:
+    """Medians over the runs of each step, the cumulative time the growth fits read, and each
+    run's median step over the first and last eighth."""
+    runs_c = np.asarray(timing["runs_ms_cached"], dtype=np.float64)
+    runs_u = np.asarray(timing["runs_ms_uncached"], dtype=np.float64)
+    n_new = runs_c.shape[1]
+    tail = tail_steps(n_new)
+    step_c, step_u = np.median(runs_c, axis=0), np.median(runs_u, axis=0)
+    return {
+        "n": np.arange(1, n_new + 1), "tail": tail, "step_ms_cached": step_c,
+        "step_ms_uncached": step_u,
+        "total_s_cached": np.cumsum(step_c) / 1e3, "total_s_uncached": np.cumsum(step_u) / 1e3,
+        "last_ms_cached": np.median(runs_c[:, -tail:], axis=1),
+        "last_ms_uncached": np.median(runs_u[:, -tail:], axis=1),
+        "first_ms_cached": np.median(runs_c[:, 1 : 1 + tail], axis=1),
+        "first_ms_uncached": np.median(runs_u[:, 1 : 1 + tail], axis=1),
+    }
+
+
+def rounding_claim(diff: float, what: str, limit: float = ROUNDING_LIMIT) -> claims.Claim:
+    """Is a difference between two computations of the same numbers only floating-point rounding?"""
+    return claims.threshold(
+        diff, limit, what=what, scale=1e6, unit="millonésimas", decimals=2,
+        passed=("es redondeo en coma flotante, no una diferencia de cálculo: los dos caminos hacen "
+                "las mismas operaciones en distinto orden"),
+        failed=("es mayor de lo que explica el redondeo en coma flotante: los dos caminos no "
+                "calculan lo mismo"))
+
+
+def cache_verdicts(facts: dict) -> dict[str, claims.Claim]:
+    """The conclusion about the two paths' logits (:func:`measure_cache`)."""
+    return {"logits": rounding_claim(
+        facts["numerics"]["max_abs_logit_diff_cached_vs_uncached"],
+        "diferencia máxima de logits entre la decodificación con caché y el recálculo completo")}
+
+
+def timing_verdicts(timing: dict) -> dict[str, claims.Claim]:
+    """The conclusions about time (:func:`measure_timing`): which path costs more per token at
+    the end (paired rounds, bootstrap interval) and how each path's total time grows."""
+    s = timing_summary(timing)
+    n_new, tail = len(s["n"]), s["tail"]
+    return {
+        "speed": claims.compare(
+            claims.as_inputs(s["last_ms_uncached"]), claims.as_inputs(s["last_ms_cached"]),
+            what=(f"tiempo por token sin caché entre el tiempo con caché, en los últimos {tail} "
+                  f"de {n_new} tokens"),
+            higher="sin caché cada token cuesta más que con caché",
+            lower="sin caché cada token cuesta menos que con caché: aquí la caché no ahorra tiempo"),
+        "growth_uncached": claims.growth(
+            s["n"], s["total_s_uncached"], what="tiempo total de generación sin caché",
+            linear=("crece de forma casi lineal: en este rango de longitudes no se distingue el "
+                    "recálculo de la secuencia del coste fijo de cada paso"),
+            between=("crece algo más rápido que lineal, sin llegar a cuadrático: el recálculo de "
+                     "la secuencia ya se nota, sin dominar el coste"),
+            superlinear=("crece claramente más rápido que lineal: domina el recálculo de toda la "
+                         "secuencia en cada paso")),
+        "growth_cached": claims.growth(
+            s["n"], s["total_s_cached"], what="tiempo total de generación con caché",
+            linear="crece de forma casi lineal: cada paso cuesta casi lo mismo",
+            between=("crece algo más rápido que lineal: el coste de cada paso con caché sube algo "
+                     "con la longitud de la secuencia"),
+            superlinear=("crece claramente más rápido que lineal: el coste de cada paso con caché "
+                         "sube con la longitud de la secuencia")),
+    }
+
+
+def verdicts(facts: dict, timing: dict) -> dict[str, claims.Claim]:
+    """Every conclusion the lab states about this machine, computed from its measurements."""
+    return cache_verdicts(facts) | timing_verdicts(timing)
+
+
+CRITERIA = (
+    ("bytes", "la caché asignada ocupa los bytes de la fórmula"),
+    ("tokens", "los tokens voraces coinciden con y sin caché"),
+    ("logits", "los logits de los dos caminos difieren solo por redondeo"),
+    ("speed", "el tiempo por token al final es mayor sin caché, con un intervalo que no contiene el 1"),
+    ("growth_uncached", "el tiempo total sin caché crece más rápido que lineal"),
+    ("growth_cached", "el tiempo total con caché crece de forma casi lineal"),
+)
+
+
+def chapter_criteria(facts: dict, found: dict[str, claims.Claim]) -> dict[str, bool]:
+    """Which of the chapter's criteria (``CRITERIA``) this run meets."""
+    m = facts["model"]
+    return {
+        "bytes": m["cache_bytes_allocated"] == m["cache_bytes_predicted"],
+        "tokens": bool(facts["exactness"]["identical_greedy_tokens"]),
+        "logits": found["logits"].outcome == claims.PASSED,
+        "speed": found["speed"].outcome == claims.HIGHER,
+        "growth_uncached": found["growth_uncached"].outcome != claims.LINEAR,
+        "growth_cached": found["growth_cached"].outcome == claims.LINEAR,
+    }
+
+
+def criteria_sentence(met: dict[str, bool]) -> str:
+    """The sentence that says which criteria a run meets, from the booleans."""
+    missed = [text for key, text in CRITERIA if not met[key]]
+    if not missed:
+        return f"Esta ejecución cumple los {len(CRITERIA)} criterios."
+    listed = "; ".join(f"«{text}»" for text in missed)
+    return f"Esta ejecución no cumple {len(missed)} de los {len(CRITERIA)} criterios: {listed}."
+
+
+def report(params: dict, facts: dict, timing: dict,
+           found: dict[str, claims.Claim] | None = None) -> dict:
+    """The contract's body from the measurements (:func:`measure_cache`, :func:`measure_timing`);
+    ``found``: the claims of :func:`verdicts` the page already glued (computed here otherwise)."""
+    found = verdicts(facts, timing) if found is None else found
     dtype = params["dtype"]
-    ctx = params["context_len"]
     # --- 1. arithmetic -------------------------------------------------------------------------
     per_token = {n: kv_bytes_per_token(get_preset(n), dtype) for n in ARITHMETIC_PRESETS}
     llama2 = get_preset("llama-2-7b")
@@ -90,62 +279,37 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
                                  "kv_budget_bytes": ex_h100.kv_budget_bytes,
                                  "static_slots_4096": ex_h100.static_slots},
     }
-    # --- 2. the shipped (or chosen) model ------------------------------------------------------
-    model = load_timing_model(params["model"], seed, device)
-    cfg = model.config
-    max_len = params["prompt_len"] + params["max_new_tokens"]
-    if max_len > cfg.max_position_embeddings:
-        raise LabParamError(
-            f"prompt_len + max_new_tokens = {max_len} supera las {cfg.max_position_embeddings} "
-            f"posiciones del modelo {cfg.name}; reduzca max_new_tokens a "
-            f"{cfg.max_position_embeddings - params['prompt_len']} o menos")
-    model_dtype = next(model.parameters()).dtype
-    dtype_name = str(model_dtype).removeprefix("torch.")
-    cache = ContiguousKVCache(cfg, params["batch_size"], max_len, dtype=model_dtype, device=device)
-    allocated = int(cache.nbytes)
-    del cache
-    predicted = kv_bytes(cfg, max_len, params["batch_size"], dtype=model_dtype)
-    gen = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, cfg.vocab_size, (params["prompt_len"] + 3 * i,), generator=gen).tolist()
-               for i in range(params["batch_size"])]
-    n_check = params["exactness_tokens"]
-    with_cache = generate(model, prompts, n_check, cache="contiguous")
-    without_cache = [generate(model, p, n_check, cache=None)[0] for p in prompts]
-    identical = with_cache == without_cache
-    logit_diff = cached_vs_uncached_logits(model, prompts[0], min(n_check, 16))
-    # --- 3. time per token ---------------------------------------------------------------------
-    prompt = prompts[0][: params["prompt_len"]]
-    reps = params["repeats"]
-    t_cached = step_times(model, prompt, params["max_new_tokens"], cache="contiguous", repeats=reps)
-    t_uncached = step_times(model, prompt, params["max_new_tokens"], cache=None, repeats=reps)
-    n = np.arange(1, len(t_cached) + 1)
-    fit_c = fit_growth(n, np.cumsum(t_cached))
-    fit_u = fit_growth(n, np.cumsum(t_uncached))
-    tail = max(1, len(n) // 8)  # average the last eighth of the steps: single steps are noisy
-    last_c = float(np.mean(t_cached[-tail:])) * 1e3
-    last_u = float(np.mean(t_uncached[-tail:])) * 1e3
-    first_c = float(np.mean(t_cached[1 : 1 + tail])) * 1e3
-    first_u = float(np.mean(t_uncached[1 : 1 + tail])) * 1e3
-
+    # --- 2. the model, 3. time -----------------------------------------------------------------
+    m, ex_, num = facts["model"], facts["exactness"], facts["numerics"]
+    s = timing_summary(timing)
+    fit_c = fit_growth(s["n"], s["total_s_cached"])
+    fit_u = fit_growth(s["n"], s["total_s_uncached"])
+    met = chapter_criteria(facts, found)
+    reps = len(timing["runs_ms_cached"])
     results = {
         "kv_bytes_per_token": per_token,
         "mha_gqa_mqa_llama2_fp16": variants,
         "worked_examples": worked,
-        "model": {"name": cfg.name, "parameters": param_count(cfg), "dtype": dtype_name,
-                  "kv_bytes_per_token": kv_bytes_per_token(cfg, model_dtype),
-                  "cache_bytes_predicted": predicted, "cache_bytes_allocated": allocated},
-        "exactness": {"prompts": len(prompts), "tokens_per_prompt": n_check,
-                      "identical_greedy_tokens": identical},
-        "numerics": {"max_abs_logit_diff_cached_vs_uncached": logit_diff},
-        "timing": {"prompt_len": len(prompt), "step_ms_cached": (t_cached * 1e3).tolist(),
-                   "step_ms_uncached": (t_uncached * 1e3).tolist(),
-                   "first_steps_ms": {"cached": first_c, "uncached": first_u},
-                   "last_steps_ms": {"cached": last_c, "uncached": last_u},
-                   "speedup_at_end": last_u / last_c,
-                   "fit_total_cached": fit_c, "fit_total_uncached": fit_u},
+        "model": {k: m[k] for k in ("name", "parameters", "dtype", "kv_bytes_per_token",
+                                    "cache_bytes_predicted", "cache_bytes_allocated")},
+        "exactness": dict(ex_),
+        "numerics": dict(num),
+        "timing": {"prompt_len": timing["prompt_len"], "torch_threads": timing["torch_threads"],
+                   "runs": reps, "tail_steps": s["tail"],
+                   "step_ms_cached": s["step_ms_cached"].tolist(),
+                   "step_ms_uncached": s["step_ms_uncached"].tolist(),
+                   "first_steps_ms": {"cached": float(np.median(s["first_ms_cached"])),
+                                      "uncached": float(np.median(s["first_ms_uncached"]))},
+                   "last_steps_ms": {"cached": float(np.median(s["last_ms_cached"])),
+                                     "uncached": float(np.median(s["last_ms_uncached"]))},
+                   "speedup_at_end": found["speed"].value,
+                   "fit_total_cached": fit_c, "fit_total_uncached": fit_u,
+                   "chapter_criteria": met},
     }
     h100 = worked["h100_llama31_8b_bf16"]
     l31 = get_preset("llama-3.1-8b")
+    same_bytes = m["cache_bytes_allocated"] == m["cache_bytes_predicted"]
+    identical = ex_["identical_greedy_tokens"]
     evidence = [
         _ev(f"Llama-3.1-8B guarda {es_bytes(per_token['llama-3.1-8b'])} de caché KV por token en "
             f"{dtype} (2 × {l31.num_layers} capas × {l31.num_kv_heads} cabezas KV × "
@@ -166,41 +330,50 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
             f"{es(ex_h100.utilization)}) Llama-3.1-8B en bf16 deja "
             f"{es_bytes(h100['kv_budget_bytes'])} para la caché: {h100['static_slots_4096']} "
             f"peticiones de 4096 tokens.", h100["static_slots_4096"], "peticiones"),
-        _ev(f"La caché asignada para {cfg.name} ({params['batch_size']} secuencias × {max_len} "
-            f"tokens, {dtype_name}) ocupa {allocated} bytes, "
-            f"igual a la predicción de la fórmula ({predicted:.0f}).",
-            allocated, "B", source="measured"),
+        _ev(f"La caché asignada para {m['name']} ({m['batch_size']} secuencias × {m['max_len']} "
+            f"tokens, {m['dtype']}) ocupa {es(m['cache_bytes_allocated'], 0)} bytes, "
+            f"{'igual a' if same_bytes else 'distinta de'} la predicción de la fórmula "
+            f"({es(m['cache_bytes_predicted'], 0)}).",
+            m["cache_bytes_allocated"], "B", source="measured"),
         _ev(f"Con y sin caché, la decodificación voraz produce "
-            f"{'los mismos' if identical else 'distintos'} tokens en {len(prompts)} prompts × "
-            f"{n_check} tokens.", identical, "booleano", source="measured"),
-        _ev(f"Diferencia máxima de logits entre la decodificación con caché y el recálculo "
-            f"completo: {logit_diff:.2e} (redondeo en coma flotante).", logit_diff, "logit",
-            source="measured", volatile=True),
-        _ev(f"Al final de {len(n)} tokens, cada token cuesta {es(last_u)} ms sin caché y "
-            f"{es(last_c)} ms con caché ({es(last_u / last_c, 1)} veces más).", last_u / last_c,
-            "x", source="measured", volatile=True),
-        _ev(f"En el ajuste del tiempo total a c0 + c1·n + c2·n², el término cuadrático explica "
-            f"el {es(100 * fit_u['quadratic_share'], 0)} % del tiempo sin caché y el "
-            f"{es(100 * fit_c['quadratic_share'], 0)} % con caché.", fit_u["quadratic_share"],
-            "fracción", source="measured", volatile=True),
+            f"{'los mismos' if identical else 'distintos'} tokens en {ex_['prompts']} prompts × "
+            f"{ex_['tokens_per_prompt']} tokens.", identical, "booleano", source="measured"),
+        found["logits"].evidence("logit"),
+        found["speed"].evidence("x"),
+        found["growth_uncached"].evidence("exponente"),
+        found["growth_cached"].evidence("exponente"),
     ]
     limitations = [
-        f"Los tiempos se midieron con el modelo {cfg.name} ({es(param_count(cfg) / 1e6, 1)} M "
+        f"Los tiempos se midieron con el modelo {m['name']} ({es(m['parameters'] / 1e6, 1)} M "
         "parámetros), cuyo paso está dominado por la sobrecarga por operación, no por el ancho de "
         "banda: las cifras absolutas no se trasladan a un modelo 7B en GPU.",
         timing_limitation(reps),
+        f"Las {reps} rondas con y sin caché se midieron intercaladas, con "
+        f"{timing['torch_threads']} {'hilo' if timing['torch_threads'] == 1 else 'hilos'} de "
+        "torch; la comparación de tiempos lleva un intervalo "
+        "bootstrap del 95 % sobre esas rondas, y el ajuste del crecimiento, no (es una sola curva "
+        "de medianas).",
         "El presupuesto de memoria ignora activaciones, buffers del framework y fragmentación; la "
         "memoria utilizable y la fracción de utilización son supuestos de entrada.",
         "La igualdad de tokens con y sin caché se comprobó en decodificación voraz y en "
-        f"{dtype_name}; en fp16/bf16 un empate casi exacto de logits puede cambiar un token.",
+        f"{m['dtype']}; en fp16/bf16 un empate casi exacto de logits puede cambiar un token.",
     ]
     return {
-        "environment": {"model": cfg.name, "dtype": dtype_name},
+        "environment": {"model": m["name"], "dtype": m["dtype"]},
         "results": results,
         "evidence": evidence,
         "limitations": limitations,
         "volatile_fields": ["results.timing", "results.numerics"],
     }
+
+
+def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
+    model = load_timing_model(params["model"], seed, device)
+    check_params(params, model.config)
+    prompts = lab_prompts(model.config, params, seed)
+    facts = measure_cache(model, params, prompts)
+    timing = measure_timing(model, prompts[0][: params["prompt_len"]], params)
+    return report(params, facts, timing)
 
 
 SPEC = LabSpec(
@@ -218,8 +391,10 @@ SPEC = LabSpec(
         "prompt_len": Param(16, int, "tokens del prompt medido", min=1, max=256),
         "max_new_tokens": Param(448, int, "tokens generados en la medición de tiempos", min=8,
                                 max=4096, by_profile={"ci": 160, "cpu": 448, "gpu": 480}),
-        "repeats": Param(3, int, "repeticiones de cada medición", min=1, max=50,
-                         by_profile={"ci": 2, "cpu": 3, "gpu": 5}),
+        "repeats": Param(3, int, "rondas intercaladas (con caché, sin caché) de la medición de "
+                         "tiempos", min=1, max=50, by_profile={"ci": 3, "cpu": 3, "gpu": 5}),
+        "torch_threads": Param(0, int, "hilos de torch mientras se miden los tiempos (0: los que "
+                               "elija torch)", min=0, max=256, by_profile={"ci": 1}),
         "batch_size": Param(3, int, "prompts de la prueba de exactitud", min=1, max=64),
         "exactness_tokens": Param(24, int, "tokens comparados con y sin caché", min=1, max=512,
                                   by_profile={"ci": 16}),

@@ -56,27 +56,47 @@ def fit_growth(fn, ctx):
     for s in ctx.hidden_seeds:
         yield hidden(checks.check_fit_growth, fn, seed=s)
     yield hidden(_fit_unsorted, fn, seed=ctx.hidden_seeds[0])
+    yield hidden(_fit_best_feasible, fn)
 
 
 def _fit_unsorted(fn, seed, raise_on_fail=False):
-    """Measurements in any order: quadratic_share is read at the largest n, not the last one."""
-    name = "ajuste lineal frente a cuadrático (mediciones desordenadas)"
+    """Measurements in any order: quadratic_share and exponent are read at the largest n, not
+    the last one."""
+    name = "ajuste del crecimiento (mediciones desordenadas)"
     rng = np.random.default_rng(seed)
     for i in range(3):
         n = rng.permutation(np.arange(8, 200, 8)).astype(float)
         t = 0.01 + 0.002 * n + (i + 1) * 1e-5 * n**2
-        expected = reference_fit(n, t)
-        got, crash = call_student(name, fn, n.copy(), t.copy())
         label = f"{len(n)} mediciones en orden aleatorio, n de {int(n.min())} a {int(n.max())}"
+        got, crash = call_student(name, fn, n.copy(), t.copy())
         if crash:
             return failed(name, i, label, crash)
-        for key in ("c0", "c1", "c2", "quadratic_share"):
-            g = float(got[key])
-            if not math.isclose(g, expected[key], rel_tol=1e-6, abs_tol=1e-9):
-                return failed(name, i, label, f"{key}: se esperaba {expected[key]:.6g} y se "
-                              f"obtuvo {g:.6g}.", "el n más grande es max(n), que no tiene por "
-                              "qué ser el último.")
+        wrong = checks.compare_fit(got, reference_fit(n, t))
+        if wrong:
+            return failed(name, i, label, *wrong)
     return passed(name, 3)
+
+
+def _fit_best_feasible(fn, raise_on_fail=False):
+    """Free fits with negative coefficients where dropping them one by one, or all at once, is
+    not the best fit without negative coefficients; times that fall (only the constant is left,
+    exponent 0)."""
+    name = "ajuste del crecimiento (el mejor sin coeficientes negativos)"
+    n = np.arange(8, 200, 8).astype(float)
+    cases = [((0.5, -0.001, 1e-4), "el ajuste libre da c1 < 0"),
+             ((-0.5, 0.012, -2.5e-5), "el ajuste libre da c0 < 0 y c2 < 0"),
+             ((-0.09, 0.01, -6e-5), "tiempos que suben y después bajan"),
+             ((1.0, -0.001, 0.0), "tiempos que bajan")]
+    for i, ((c0, c1, c2), what) in enumerate(cases):
+        t = c0 + c1 * n + c2 * n**2
+        label = f"{what}: t = {c0:g} + {c1:g}·n + {c2:g}·n², n de 8 a 192".replace(".", ",")
+        got, crash = call_student(name, fn, n.copy(), t.copy())
+        if crash:
+            return failed(name, i, label, crash)
+        wrong = checks.compare_fit(got, reference_fit(n, t))
+        if wrong:
+            return failed(name, i, label, *wrong)
+    return passed(name, len(cases))
 
 
 def sequences_that_fit(fn, ctx):
