@@ -5,8 +5,9 @@ Three layers, from cheapest to most honest:
 - *describe*: what the device says about itself (name, dtypes, memory);
 - *datasheet presets* (``DEVICE_PRESETS``): what vendors publish for GPUs the reader may not
   have, each with its source, so the simulator can replay a run "at H100 scale";
-- *probes* (``measure_bandwidth``, ``measure_matmul``, ``measure_decode_matmul``): what this
-  machine actually achieves, measured with a warm-up and repetitions and reported as medians.
+- *probes* (``measure_bandwidth``, ``measure_matmul``, ``measure_decode_matmul``,
+  ``measure_stream_bandwidths``): what this machine actually achieves, measured with a warm-up
+  and repetitions and reported as medians.
 """
 
 from __future__ import annotations
@@ -558,6 +559,108 @@ def measure_decode_matmul(device: torch.device | str | None = None,
     finally:
         bar.close()
     return results
+
+
+def measure_stream_bandwidths(device: torch.device | str | None = None,
+                              dtype: torch.dtype = torch.float32, repeats: int = 5,
+                              warmup: int = 1, size_bytes: int | None = None,
+                              working_set_bytes: int | None = None, k: int = 2048, n: int = 8192,
+                              between: Callable[[int], None] | None = None,
+                              progress: bool | None = None) -> dict[str, ProbeResult]:
+    """Two floors of a decode step, interleaved rep by rep, in GB/s (1e9 bytes/s).
+
+    - ``"read"``: what the memory can stream, ``torch.sum`` over one buffer of ``size_bytes``
+      (as ``measure_bandwidth(kind="read")``, same default size);
+    - ``"gemv"``: what a cold matrix-vector product streams, ``F.linear(x[1, k], W[n, k])``
+      cycling through distinct ``W`` that together exceed the last-level cache
+      (``working_set_bytes``, as ``measure_decode_matmul``: 1,2 GiB on CPU/MPS, 512 MB on CUDA),
+      counted as weight bytes read per second. It is the kernel a batch-1 decode step runs, so
+      it can stream less than the memory allows (an fp32 GEMV path that does not saturate it).
+
+    Each repetition takes one sample of each, back to back, so drift on a shared machine hits
+    both alike (their ratio can be compared pair by pair). ``between(rep)`` runs after each
+    repetition's pair with the buffers still allocated: a caller interleaves its own timings
+    there (a lab's decode steps) without paying the allocation again. The first repetition
+    warms up and sizes the loop of calls (a sample lasts at least ~10 ms); later ones reuse it.
+    Both buffers are alive together, each capped at 1/8 of the available memory.
+    """
+    device = _resolve_device(device)
+    dtype_name = _check_dtype(device, dtype)
+    repeats = _check_positive_int("repeats", repeats)
+    warmup = _check_positive_int("warmup", warmup, minimum=0)
+    k = _check_positive_int("k", k)
+    n = _check_positive_int("n", n)
+    if size_bytes is None:
+        size_bytes = _capped((2 if device.type == "cuda" else 1) * GiB, device, 8)
+    else:
+        _check_positive_int("size_bytes", size_bytes)
+    if working_set_bytes is None:
+        default = 512 * 10**6 if device.type == "cuda" else int(1.2 * GiB)
+        working_set_bytes = _capped(default, device, 8)
+    else:
+        _check_positive_int("working_set_bytes", working_set_bytes)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = size_bytes // itemsize
+    if numel < 1:
+        raise ValueError(f"size_bytes={size_bytes} es menor que un elemento de {dtype_name} "
+                         f"({itemsize} bytes); use un tamaño de al menos {itemsize} bytes")
+    read_bytes = numel * itemsize
+    weight_bytes = n * k * itemsize
+    num_matrices = max(1, math.ceil(working_set_bytes / weight_bytes))
+
+    def timed(call: Callable[[], object], calls: int) -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        synchronize(device)
+        return max(time.perf_counter() - start, 1e-9) / calls
+
+    read_s: list[float] = []
+    gemv_s: list[float] = []
+    calls = {"read": 1, "gemv": 1}
+    bar = _Progress(progress, repeats, f"stream probes {dtype_name}")
+    try:
+        with torch.inference_mode():
+            src = torch.ones(numel, dtype=dtype, device=device)  # writing it touches every page
+            gen = torch.Generator(device=device).manual_seed(0)
+            weights = [torch.empty(n, k, dtype=dtype, device=device)
+                       .uniform_(-1, 1, generator=gen) for _ in range(num_matrices)]
+            x = torch.randn(1, k, dtype=dtype, device=device, generator=gen)
+
+            def read():
+                return torch.sum(src)
+
+            def gemv():
+                for w in weights:
+                    F.linear(x, w)
+
+            for rep in range(repeats):
+                start = time.perf_counter()
+                for name, call, out in (("read", read, read_s), ("gemv", gemv, gemv_s)):
+                    if rep == 0:
+                        seconds, calls[name] = _time_calls(
+                            call, device, repeats=1, warmup=warmup, bar=_Progress(False, 1, ""))
+                        out.append(seconds[0])
+                    else:
+                        out.append(timed(call, calls[name]))
+                if between is not None:
+                    between(rep)
+                if rep == 0:
+                    bar.decide((time.perf_counter() - start) * (repeats - 1))
+                bar.update()
+    finally:
+        bar.close()
+    common = {"interleaved": "read, gemv" + (", between" if between is not None else "")}
+    read_result = _result("bandwidth_read", "GB/s", [read_bytes / s / 1e9 for s in read_s], {
+        "kind": "read", "size_bytes": read_bytes, "bytes_per_call": read_bytes, **common,
+        **_common_params(device, dtype_name, calls["read"], repeats, warmup)})
+    gemv_result = _result("bandwidth_gemv", "GB/s",
+                          [num_matrices * weight_bytes / s / 1e9 for s in gemv_s], {
+        "kind": "gemv", "rows": 1, "k": k, "n": n, "num_matrices": num_matrices,
+        "working_set_bytes": num_matrices * weight_bytes, "weight_bytes_per_call": weight_bytes,
+        **common, **_common_params(device, dtype_name, calls["gemv"], repeats, warmup)})
+    return {"read": read_result, "gemv": gemv_result}
 
 
 def probe_summary(device: torch.device | str | None = None, quick: bool = False) -> dict:

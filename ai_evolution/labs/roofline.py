@@ -1,33 +1,45 @@
 """Lab ``roofline`` (chapter 1): decode reads every weight per token, so bandwidth sets its pace.
 
-Measured on the reader's device, in one run:
-1. the machine: read bandwidth and matmul peak (probes), hence its ridge point;
-2. prefill vs decode: tokens/s of a long prompt against tokens/s of batch-1 decode;
-3. the bandwidth floor of a decode step (bytes it must read / measured bandwidth) and the
-   efficiency floor / measured step;
-4. the batching curve: decode step time for 1, 2, 4, ... sequences against the roofline
-   prediction calibrated on the batch-1 step, and the first batch where they part.
+One interleaved run on the reader's device (``measure``), repetition by repetition:
+
+1. two floors of a decode step: what the memory streams (a ``torch.sum`` probe) and what the
+   kernels decode runs stream (a cold matrix-vector product over a working set beyond the
+   last-level cache), plus a square-matmul probe for the peak (hence the ridge point);
+2. the prefill of a prompt (tokens/s) and decode steps of 1, 2, 4, ... sequences (seconds).
+
+Then pure functions turn those samples into numbers and claims (``analyse_step``,
+``analyse_batching``, ``with_departure``) and into the contract's body (``report``). The
+notebook calls the same functions with the student's ``decode_roofline``, ``predict_step`` and
+``departure_batch`` plugged in; ``run`` (``run_lab``, the CLI, the grader) uses the library's.
+Every conclusion about the machine is a :mod:`ai_evolution.claims` claim: which floor binds,
+how much of the step reading the weights explains, prefill vs decode, where each phase sits
+against the ridge point, what batching gains and where the curve leaves its prediction.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from typing import Callable
 
 import numpy as np
 import torch
 
-from ..fmt import es
-from ..hardware import (default_dtype, get_device_spec, measure_bandwidth, measure_matmul,
-                        synchronize)
+from .. import claims
+from ..fmt import es, es_bytes
+from ..hardware import (default_dtype, get_device_spec, measure_matmul,
+                        measure_stream_bandwidths, synchronize)
 from ..model import get_preset, load_pretrained, random_model
 from ..model.attention import ContiguousKVCache
-from ..sim import (RooflineCostModel, decode_step_cost, departure_batch, ridge_point, step_cost,
-                   time_floor_s)
-from ..timing import step_times
+from ..sim import (RooflineCostModel, StepCost, decode_step_cost, departure_batch, ridge_point,
+                   step_cost, time_floor_s)
 from .contract import evidence as _ev, timing_limitation
 from .registry import LabParamError, LabSpec, Param
 
 MODELS = ("cpu-200m", "smollm2-135m", "qwen3-0.6b", "qwen2.5-0.5b", "tiny-es")
+
+# Reading the weights at the kernels' rate explains "most of the step" above this share.
+STEP_SHARE = 0.5
 
 
 def load_model(name: str, seed: int, dtype: torch.dtype, device: torch.device):
@@ -36,124 +48,469 @@ def load_model(name: str, seed: int, dtype: torch.dtype, device: torch.device):
     return random_model(get_preset(name), seed=seed, dtype=dtype, device=device).eval()
 
 
-def prefill_seconds(model, prompt: list[int], repeats: int) -> float:
-    """Median time to run a prompt through the model into a fresh cache (logits of the last)."""
+def reference_roofline(config, dtype: str, batch_size: int, context_len: int,
+                       bandwidth_bytes_per_s: float) -> dict:
+    """The library's answer to exercise 1 (bytes, flops, intensity, floor_s of a decode step)."""
+    cost = decode_step_cost(config, batch_size, context_len, dtype)
+    return {"bytes": cost.bytes, "flops": cost.flops, "intensity": cost.intensity,
+            "floor_s": time_floor_s(cost.bytes, bandwidth_bytes_per_s)}
+
+
+def reference_predict(step_bytes: float, step_flops: float, bandwidth_bytes_per_s: float,
+                      peak_flops: float, overhead_s: float) -> float:
+    """The library's answer to exercise 2: ``max(bytes / BW, flops / peak) + overhead``."""
+    return RooflineCostModel(bandwidth_bytes_per_s, peak_flops, overhead_s).step_time_s(
+        StepCost(flops=step_flops, weight_bytes=step_bytes, kv_bytes=0.0))
+
+
+# --- measuring -----------------------------------------------------------------------------------
+def prefill_once_s(model, prompt: list[int]) -> float:
+    """Seconds to run a prompt through the model into a fresh cache (logits of the last token)."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], device=device)
-    times = []
     with torch.inference_mode():
-        for r in range(repeats + 1):
-            cache = ContiguousKVCache(model.config, 1, len(prompt),
-                                      dtype=next(model.parameters()).dtype, device=device)
-            synchronize(device)
-            start = time.perf_counter()
-            model.logits(model.hidden_states(ids, kv_cache=cache)[:, -1])
-            synchronize(device)
-            if r:  # the first run is a warm-up
+        cache = ContiguousKVCache(model.config, 1, len(prompt),
+                                  dtype=next(model.parameters()).dtype, device=device)
+        synchronize(device)
+        start = time.perf_counter()
+        model.logits(model.hidden_states(ids, kv_cache=cache)[:, -1])
+        synchronize(device)
+    return time.perf_counter() - start
+
+
+class DecodeBatch:
+    """``batch_size`` sequences parked at ``context_len`` tokens, ready to time decode steps.
+
+    The cache is filled with random keys and values instead of a prefill: a step's work does not
+    depend on what the cache holds, only on how many positions it attends to. Every call of
+    :meth:`step_s` decodes the same positions ``context_len .. context_len + steps - 1``
+    (overwriting the slots it wrote before), so repeated samples do identical work, greedily,
+    as ``generate`` does (model, logits, argmax, next token).
+    """
+
+    def __init__(self, model, batch_size: int, context_len: int, steps: int,
+                 generator: torch.Generator):
+        self.model, self.steps, self.context_len = model, steps, context_len
+        param = next(model.parameters())
+        self.device = param.device
+        cfg = model.config
+        self.cache = ContiguousKVCache(cfg, batch_size, context_len + steps, dtype=param.dtype,
+                                       device=param.device)
+        fill = torch.Generator(device=param.device).manual_seed(
+            int(torch.randint(2**31 - 1, (1,), generator=generator)))
+        with torch.inference_mode():
+            for buf in (self.cache.k, self.cache.v):
+                buf.normal_(generator=fill)  # on the device: no host-sized temporary
+        self.first = torch.randint(3, cfg.vocab_size, (batch_size, 1), generator=generator
+                                   ).to(param.device)
+
+    def step_s(self, steps: int | None = None) -> float:
+        """Median seconds of one decode step over ``steps`` (default: all) consecutive steps."""
+        tokens = self.first
+        rows = tokens.shape[0]
+        times = []
+        with torch.inference_mode():
+            for i in range(self.steps if steps is None else steps):
+                positions = torch.full((rows, 1), self.context_len + i, device=self.device)
+                synchronize(self.device)
+                start = time.perf_counter()
+                hidden = self.model.hidden_states(tokens, positions, kv_cache=self.cache)
+                tokens = self.model.logits(hidden[:, -1]).argmax(dim=-1, keepdim=True)
+                synchronize(self.device)
                 times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        return float(np.median(times))
 
 
-def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
-    dtype = default_dtype(device) if params["dtype"] == "auto" else getattr(torch, params["dtype"])
-    dtype_name = str(dtype).removeprefix("torch.")
-    reps = params["repeats"]
-    # --- 1. the machine ------------------------------------------------------------------------
-    bw = measure_bandwidth(device, kind="read", dtype=dtype, repeats=reps, progress=False)
-    mm = measure_matmul(device, dtype=dtype, repeats=reps, progress=False)
-    bw_bytes, peak = bw.median * 1e9, mm.median * 1e9
-    # --- 2. the model, prefill vs decode -------------------------------------------------------
-    model = load_model(params["model"], seed, dtype, device)
-    cfg = model.config
-    ctx, n_dec = params["context_len"], params["decode_tokens"]
-    longest = max(params["prompt_len"], ctx + n_dec)
-    if longest > cfg.max_position_embeddings:
+@contextmanager
+def torch_threads(n: int):
+    """Run the block with ``n`` intra-op threads (0: leave torch's choice). On a small shared
+    CPU, one thread is the robust choice: a second thread that has to wait for a busy core makes
+    every step several times slower, and the wait has nothing to do with the roofline."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def check_params(params: dict, max_positions: int, model_name: str) -> None:
+    batches = params["batch_sizes"]
+    if batches[0] != 1 or any(b >= c for b, c in zip(batches, batches[1:])):
+        raise LabParamError(f"batch_sizes={batches} debe empezar en 1 (la predicción se calibra "
+                            "con el paso de una secuencia) y crecer sin repetir valores, p. ej. "
+                            "1,2,4,8")
+    longest = max(params["prompt_len"], params["context_len"] + params["decode_tokens"])
+    if longest > max_positions:
         raise LabParamError(f"la secuencia más larga ({longest} tokens) supera las "
-                            f"{cfg.max_position_embeddings} posiciones del modelo {cfg.name}")
+                            f"{max_positions} posiciones del modelo {model_name}")
+
+
+def measure(model, params: dict, seed: int, progress: bool | None = False) -> dict:
+    """Every timing of the lab in one interleaved run: per repetition, one sample of the read
+    probe, the cold-GEMV probe, the matmul probe, the prefill and a decode step per batch size,
+    all with ``params["torch_threads"]`` threads.
+
+    Returns plain lists (one value per repetition) plus what the probes measured."""
+    with torch_threads(params["torch_threads"]):
+        return _measure(model, params, seed, progress)
+
+
+def _measure(model, params: dict, seed: int, progress: bool | None) -> dict:
+    cfg = model.config
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    check_params(params, cfg.max_position_embeddings, cfg.name)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(3, cfg.vocab_size, (params["prompt_len"],), generator=gen).tolist()
-    t_prefill = prefill_seconds(model, prompt, reps)
-    # --- 3./4. decode step per batch size ------------------------------------------------------
-    batches = params["batch_sizes"]
-    measured = []
-    for b in batches:
-        prompts = torch.randint(3, cfg.vocab_size, (b, ctx), generator=gen).tolist()
-        steps = step_times(model, prompts, n_dec, cache="contiguous", repeats=reps)
-        measured.append(float(np.median(steps[1:])))  # step 0 holds the prefill
-    mid_ctx = ctx + n_dec // 2
-    costs = [decode_step_cost(cfg, b, mid_ctx, dtype) for b in batches]
-    machine = RooflineCostModel(bw_bytes, peak, name="medida")
-    fitted = machine.calibrated(costs[0], measured[0])
-    predicted = [fitted.step_time_s(c) for c in costs]
-    part = departure_batch(batches, measured, predicted, params["tolerance"])
-    floor_b1 = time_floor_s(costs[0].bytes, bw_bytes)
-    eff = floor_b1 / measured[0]
-    prefill_tps = params["prompt_len"] / t_prefill
-    decode_tps = 1 / measured[0]
-    # --- datasheet comparison (computed from cited numbers) -----------------------------------
+    batches = list(params["batch_sizes"])
+    decoders = {b: DecodeBatch(model, b, params["context_len"], params["decode_tokens"], gen)
+                for b in batches}
+    prefill_once_s(model, prompt)  # warm-up: first calls allocate and choose kernels
+    for d in decoders.values():
+        d.step_s(1)
+    matmul, prefill, decode = [], [], {b: [] for b in batches}
+    matmul_n = []
+
+    def model_samples(rep: int) -> None:
+        mm = measure_matmul(device, dtype=dtype, repeats=1, warmup=1, progress=False)
+        matmul.append(mm.median)
+        matmul_n.append(mm.params["n"])
+        prefill.append(prefill_once_s(model, prompt))
+        for b, d in decoders.items():
+            decode[b].append(d.step_s())
+
+    probes = measure_stream_bandwidths(device, dtype=dtype, repeats=params["repeats"],
+                                       between=model_samples, progress=progress)
+    read, gemv = probes["read"], probes["gemv"]
+    return {
+        "repeats": params["repeats"], "prompt_len": params["prompt_len"],
+        "context_len": params["context_len"], "decode_tokens": params["decode_tokens"],
+        "batch_sizes": batches,
+        "bandwidth_read_gbps": list(read.samples), "gemv_gbps": list(gemv.samples),
+        "matmul_gflops": matmul, "prefill_s": prefill,
+        "decode_step_s": [decode[b] for b in batches],
+        "probes": {"read_bytes": read.params["size_bytes"],
+                   "gemv_working_set_bytes": gemv.params["working_set_bytes"],
+                   "gemv_shape": [gemv.params["n"], gemv.params["k"]],
+                   "matmul_n": matmul_n[0], "torch_threads": torch.get_num_threads()},
+    }
+
+
+# --- analysing -----------------------------------------------------------------------------------
+def _median(x) -> float:
+    return float(np.median(np.asarray(x, dtype=np.float64)))
+
+
+def mid_context(measured: dict) -> int:
+    """The average context of the timed decode steps."""
+    return measured["context_len"] + measured["decode_tokens"] // 2
+
+
+def analyse_step(measured: dict, config, dtype_name: str,
+                 roofline_fn: Callable = reference_roofline) -> dict:
+    """The machine, prefill vs decode and the batch-1 step against its two floors.
+
+    ``roofline_fn(config, dtype, batch_size, context_len, bandwidth)`` is exercise 1's
+    function (the library's by default). The floors: bytes of the step / what the memory
+    streams (read probe) and / what a cold GEMV streams; each per repetition, so the efficiency
+    floor / step has a paired interval."""
+    read = np.asarray(measured["bandwidth_read_gbps"]) * 1e9
+    gemv = np.asarray(measured["gemv_gbps"]) * 1e9
+    peak = np.asarray(measured["matmul_gflops"]) * 1e9
+    step = np.asarray(measured["decode_step_s"][0])  # batch_sizes[0] == 1
+    prefill = np.asarray(measured["prefill_s"])
+    bw, gemv_bw, peak_med = _median(read), _median(gemv), _median(peak)
+    b1 = roofline_fn(config, dtype_name, 1, mid_context(measured), bw)
+    floor_read, floor_gemv = b1["bytes"] / read, b1["bytes"] / gemv
+    eff_read = claims.ratio_estimate(floor_read, step)
+    eff_gemv = claims.ratio_estimate(floor_gemv, step)
+    ridge = claims.ratio_estimate(peak, read)
+    prompt_len = measured["prompt_len"]
+    prefill_cost = step_cost(config, [prompt_len], [prompt_len], dtype_name)
+    prefill_tps, decode_tps = prompt_len / prefill, 1 / step
+
+    floors = claims.compare(
+        measured["gemv_gbps"], measured["bandwidth_read_gbps"],
+        what="lo que lee un producto matriz-vector frío / lo que lee la sonda de la memoria "
+             "(GB/s)",
+        higher="los kernels de la decodificación leen al menos tan deprisa como la sonda: aquí "
+               "manda el suelo de la memoria (la sonda lo subestima)",
+        lower="los kernels de la decodificación leen más despacio que la memoria: en esta "
+              "máquina manda el suelo de los kernels, no el de la memoria",
+        inconclusive="con este ruido los dos ritmos no se distinguen: ninguno de los dos suelos "
+                     "manda con claridad sobre el otro")
+    share = claims.threshold(
+        eff_gemv.median, STEP_SHARE, below=False, interval=(eff_gemv.low, eff_gemv.high),
+        what="eficiencia del paso con lote 1 frente al suelo de los kernels (suelo GEMV / paso "
+             "medido)",
+        passed="leer los pesos al ritmo de la GEMV explica más de la mitad del paso: lo que lo "
+               "limita es esa lectura",
+        failed="leer los pesos al ritmo de la GEMV no llega a la mitad del paso: pesa más todo "
+               "lo demás (Python, normalizaciones, atención, lanzar kernels)",
+        inconclusive="con este ruido no se puede decir si la lectura de los pesos explica más o "
+                     "menos de la mitad del paso")
+    phases = claims.compare(
+        claims.as_inputs(prefill_tps), claims.as_inputs(decode_tps),
+        what=f"tokens/s del prefill de {prompt_len} tokens / tokens/s de la decodificación con "
+             "lote 1",
+        higher="el prefill procesa más tokens por segundo que la decodificación",
+        lower="el prefill procesa menos tokens por segundo que la decodificación")
+
+    def regime(intensity: float, phase: str, left: str, right: str, below: bool):
+        return claims.threshold(
+            intensity / ridge.median, 1.0, below=below, scale=1, unit="veces", decimals=2,
+            interval=(intensity / ridge.high, intensity / ridge.low),
+            what=f"intensidad {phase} / punto de cresta medido", passed=left if below else right,
+            failed=right if below else left)
+
+    decode_regime = regime(
+        b1["intensity"], "de un paso de decodificación con lote 1",
+        "queda a la izquierda de la cresta: en esta máquina la decodificación con lote 1 está "
+        "limitada por la memoria",
+        "queda a la derecha de la cresta: en esta máquina la decodificación con lote 1 está "
+        "limitada por el cálculo", below=True)
+    prefill_regime = regime(
+        prefill_cost.intensity, f"del prefill de {prompt_len} tokens",
+        "queda a la izquierda de la cresta: en esta máquina el prefill está limitado por la "
+        "memoria",
+        "queda a la derecha de la cresta: en esta máquina el prefill está limitado por el "
+        "cálculo", below=False)
+    return {
+        "bandwidth_bytes_per_s": bw, "gemv_bytes_per_s": gemv_bw, "peak_flops": peak_med,
+        "ridge": ridge.median, "ridge_interval": [ridge.low, ridge.high],
+        "b1": b1, "prefill_intensity": prefill_cost.intensity,
+        "floor_read_s": _median(floor_read), "floor_gemv_s": _median(floor_gemv),
+        "step_s": _median(step), "efficiency_read": eff_read.median,
+        "efficiency_gemv": eff_gemv.median,
+        "efficiency_read_interval": [eff_read.low, eff_read.high],
+        "efficiency_gemv_interval": [eff_gemv.low, eff_gemv.high],
+        "prefill_s": _median(prefill), "prefill_tps": _median(prefill_tps),
+        "decode_tps": _median(decode_tps),
+        "claims": {"floors": floors, "share": share, "phases": phases,
+                   "decode_regime": decode_regime, "prefill_regime": prefill_regime},
+    }
+
+
+def analyse_batching(measured: dict, config, dtype_name: str, step: dict,
+                     roofline_fn: Callable = reference_roofline,
+                     predict_fn: Callable = reference_predict) -> dict:
+    """The batching curve against the roofline prediction calibrated on the batch-1 step.
+
+    ``predict_fn(bytes, flops, bandwidth, peak, overhead)`` is exercise 2's function. The
+    overhead is what the measured batch-1 step (median) takes beyond the roofline; the
+    prediction uses the read probe's bandwidth and the matmul probe's peak. ``ratio_boot``
+    holds measured / predicted per batch size on rounds resampled together (``claims.N_BOOT``
+    times), calibration included: the interval ``with_departure`` reads."""
+    batches = measured["batch_sizes"]
+    samples = np.asarray(measured["decode_step_s"], dtype=np.float64)  # [batch, round]
+    bw, peak = step["bandwidth_bytes_per_s"], step["peak_flops"]
+    rooflines = [roofline_fn(config, dtype_name, b, mid_context(measured), bw) for b in batches]
+    base = predict_fn(rooflines[0]["bytes"], rooflines[0]["flops"], bw, peak, 0.0)
+
+    def predict(medians: np.ndarray) -> tuple[float, list[float]]:
+        overhead = max(0.0, float(medians[0]) - base)
+        return overhead, [predict_fn(r["bytes"], r["flops"], bw, peak, overhead)
+                          for r in rooflines]
+
+    medians = np.median(samples, axis=1)
+    overhead, predicted = predict(medians)
+    # The same statistic on rounds resampled together (a slow round slows every batch size of
+    # that round, and the batch-1 calibration with them): measured / predicted per batch size.
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, samples.shape[1], size=(claims.N_BOOT, samples.shape[1]))
+    boot_medians = np.median(samples[:, idx], axis=2).T  # [boot, batch]
+    boot_ratios = np.array([m / np.asarray(predict(m)[1]) for m in boot_medians])
+    curve = {"batch_sizes": list(batches), "measured_s": medians.tolist(),
+             "measured_samples_s": samples.tolist(), "predicted_s": predicted,
+             "rooflines": rooflines, "overhead_s": overhead,
+             "ratio_boot": boot_ratios,
+             "tokens_per_s": [b / m for b, m in zip(batches, medians)], "claims": {}}
+    if len(batches) > 1:
+        top = batches[-1]
+        curve["claims"]["gain"] = claims.compare(
+            claims.as_inputs(top / samples[-1]), claims.as_inputs(1 / samples[0]),
+            what=f"tokens/s con lote {top} / tokens/s con lote 1",
+            higher=f"agrupar {top} secuencias da más tokens por segundo que una sola: una lectura "
+                   "de los pesos sirve a todo el lote",
+            lower=f"agrupar {top} secuencias da menos tokens por segundo que una sola")
+    return curve
+
+
+def with_departure(curve: dict, part: int | None, tolerance: float) -> dict:
+    """``curve`` plus where the measured curve leaves its prediction: ``part`` is exercise 3's
+    answer on the medians (first batch whose step exceeds the prediction by more than
+    ``tolerance``). The claim takes that batch (the largest one when none departs): the same
+    ratio of medians against ``1 + tolerance``, with the interval of that ratio over resampled
+    rounds, so noise that straddles the criterion reads as inconclusive."""
+    curve = dict(curve, departure_batch=part, tolerance=tolerance, claims=dict(curve["claims"]))
+    batches = curve["batch_sizes"]
+    if len(batches) < 2:
+        return curve
+    i = batches.index(part) if part is not None else len(batches) - 1
+    b, tol = batches[i], es(100 * tolerance, 0)
+    value = curve["measured_s"][i] / curve["predicted_s"][i]
+    tail = 100 * (1 - claims.LEVEL) / 2
+    low, high = np.percentile(curve["ratio_boot"][:, i], [tail, 100 - tail])
+    if len(curve["measured_samples_s"][i]) < 2:
+        low = high = value
+    if part is not None:
+        what = f"lote {b}, el primero cuya mediana supera la predicción: paso medido / predicción"
+        passed = f"el lote {b} queda dentro de la tolerancia del {tol} %"
+        failed = (f"la curva medida se separa de la predicción del roofline en el lote {b}: los "
+                  f"lotes anteriores quedan dentro de la tolerancia del {tol} %")
+        inconclusive = (f"con este ruido no se puede afirmar que la curva se separe ya en el lote "
+                        f"{b}, aunque su mediana supere la tolerancia del {tol} %")
+    else:
+        what = f"lote {b}, el mayor medido: paso medido / predicción"
+        passed = (f"ningún lote medido se separa de la predicción del roofline más que la "
+                  f"tolerancia del {tol} %")
+        failed = f"el lote {b} se separa de la predicción"
+        inconclusive = (f"ningún lote medido supera la tolerancia del {tol} % por su mediana, "
+                        f"pero con este ruido no se puede descartar que el lote {b} ya se separe")
+    curve["claims"]["departure"] = claims.threshold(
+        value, 1 + tolerance, below=True, scale=1, unit="veces", decimals=2,
+        interval=(float(low), float(high)), what=what, passed=passed, failed=failed,
+        inconclusive=inconclusive)
+    return curve
+
+
+def supports_chapter(step: dict, curve: dict) -> str:
+    """Which of the chapter's three expectations this run's claims meet (a sentence)."""
+    rows = [("un prefill con más tokens por segundo que la decodificación",
+             step["claims"]["phases"], "higher"),
+            ("una decodificación con lote 1 a la izquierda del punto de cresta",
+             step["claims"]["decode_regime"], "passed")]
+    if "gain" in curve["claims"]:
+        rows.append(("más tokens por segundo con el lote mayor que con una secuencia",
+                     curve["claims"]["gain"], "higher"))
+    met = [text for text, c, want in rows if c.outcome == want]
+    open_ = [text for text, c, want in rows if c.outcome == claims.INCONCLUSIVE]
+    missed = [text for text, c, want in rows if c.outcome not in (want, claims.INCONCLUSIVE)]
+    parts = [f"Esta ejecución cumple {len(met)} de las {len(rows)} expectativas"]
+    for label, items in (("Se cumple", met), ("No es concluyente", open_),
+                         ("No se cumple", missed)):
+        if items:
+            parts.append(f"{label}: " + "; ".join(items))
+    return ". ".join(parts) + "."
+
+
+# --- the contract ------------------------------------------------------------------------------
+def _ms(seconds) -> list[float]:
+    return [1e3 * float(s) for s in seconds]
+
+
+def report(config, dtype_name: str, params: dict, measured: dict, step: dict,
+           curve: dict) -> dict:
+    """The contract's body from the measurements and their analysis (``analyse_step``,
+    ``analyse_batching`` + ``with_departure``). Everything timed is volatile."""
+    reps, prompt_len = measured["repeats"], measured["prompt_len"]
+    b1, c, cc = step["b1"], step["claims"], curve["claims"]
+    probes = measured["probes"]
     h100 = get_device_spec("h100-sxm")
     l31 = decode_step_cost(get_preset("llama-3.1-8b"), 1, 0, "bf16")
     h100_floor_ms = time_floor_s(l31.bytes, h100.bandwidth_bytes_per_s) * 1e3
     h100_ridge = ridge_point(h100.peak_flops["bf16"], h100.bandwidth_bytes_per_s)
-    prefill_cost = step_cost(cfg, [params["prompt_len"]], [params["prompt_len"]], dtype)
-
     results = {
-        "machine": {"bandwidth_read_gbps": bw.median, "bandwidth_samples_gbps": list(bw.samples),
-                    "matmul_gflops": mm.median, "ridge_flop_per_byte": peak / bw_bytes},
-        "model": {"name": cfg.name, "dtype": dtype_name, "bytes_per_decode_step": costs[0].bytes,
-                  "flops_per_decode_token": costs[0].flops,
-                  "intensity_decode_b1": costs[0].intensity,
-                  "intensity_prefill": prefill_cost.intensity},
-        "prefill_decode": {"prompt_len": params["prompt_len"], "prefill_s": t_prefill,
-                           "prefill_tokens_per_s": prefill_tps, "decode_tokens_per_s": decode_tps,
-                           "ratio": prefill_tps / decode_tps},
-        "floor": {"floor_b1_ms": floor_b1 * 1e3, "measured_b1_ms": measured[0] * 1e3,
-                  "efficiency": eff, "fitted_overhead_ms": fitted.overhead_s * 1e3},
-        "batching": {"batch_sizes": batches, "context_len": mid_ctx,
-                     "measured_ms": [m * 1e3 for m in measured],
-                     "predicted_ms": [p * 1e3 for p in predicted],
-                     "tokens_per_s": [b / m for b, m in zip(batches, measured)],
-                     "departure_batch": part, "tolerance": params["tolerance"]},
+        "machine": {"repeats": reps,
+                    "bandwidth_read_gbps": step["bandwidth_bytes_per_s"] / 1e9,
+                    "bandwidth_samples_gbps": measured["bandwidth_read_gbps"],
+                    "gemv_gbps": step["gemv_bytes_per_s"] / 1e9,
+                    "gemv_samples_gbps": measured["gemv_gbps"],
+                    "matmul_gflops": step["peak_flops"] / 1e9,
+                    "matmul_samples_gflops": measured["matmul_gflops"],
+                    "ridge_flop_per_byte": step["ridge"], "probes": probes},
+        "model": {"name": config.name, "dtype": dtype_name, "bytes_per_decode_step": b1["bytes"],
+                  "flops_per_decode_token": b1["flops"], "intensity_decode_b1": b1["intensity"],
+                  "intensity_prefill": step["prefill_intensity"]},
+        "prefill_decode": {"prompt_len": prompt_len, "prefill_s": step["prefill_s"],
+                           "prefill_samples_s": measured["prefill_s"],
+                           "prefill_tokens_per_s": step["prefill_tps"],
+                           "decode_tokens_per_s": step["decode_tps"],
+                           "ratio": c["phases"].value},
+        "floor": {"floor_b1_ms": 1e3 * step["floor_read_s"],
+                  "gemv_floor_b1_ms": 1e3 * step["floor_gemv_s"],
+                  "measured_b1_ms": 1e3 * step["step_s"],
+                  "measured_b1_samples_ms": _ms(measured["decode_step_s"][0]),
+                  "efficiency": step["efficiency_read"], "gemv_efficiency": step["efficiency_gemv"],
+                  "fitted_overhead_ms": 1e3 * curve["overhead_s"]},
+        "batching": {"batch_sizes": curve["batch_sizes"], "context_len": mid_context(measured),
+                     "measured_ms": _ms(curve["measured_s"]),
+                     "measured_samples_ms": [_ms(s) for s in curve["measured_samples_s"]],
+                     "predicted_ms": _ms(curve["predicted_s"]),
+                     "tokens_per_s": curve["tokens_per_s"],
+                     "departure_batch": curve.get("departure_batch"),
+                     "tolerance": curve.get("tolerance", params["tolerance"])},
+        "verdicts": {k: v.outcome for k, v in {**c, **cc}.items()},
         "datasheet": {"h100_llama31_8b_bf16_floor_ms": h100_floor_ms,
                       "h100_bf16_ridge_flop_per_byte": h100_ridge},
     }
     evidence = [
-        _ev(f"Ancho de banda de lectura medido: {es(bw.median, 1)} GB/s (mediana de {reps}); "
-            f"matmul {dtype_name}: {es(mm.median, 0)} GFLOP/s; punto de cresta "
-            f"{es(peak / bw_bytes, 1)} FLOP/byte.", bw.median, "GB/s", "measured", True),
-        _ev(f"Un paso de decodificación de {cfg.name} en {dtype_name} lee "
-            f"{es(costs[0].bytes / 1e6, 1)} MB y hace {es(costs[0].intensity, 2)} FLOP/byte.",
-            costs[0].bytes, "B"),
-        _ev(f"Suelo de ancho de banda: {es(floor_b1 * 1e3, 2)} ms por token; medido: "
-            f"{es(measured[0] * 1e3, 2)} ms; eficiencia {es(100 * eff, 0)} %.", eff, "fracción",
+        _ev(f"Sondas intercaladas ({reps} rondas, medianas): la memoria lee "
+            f"{es(step['bandwidth_bytes_per_s'] / 1e9, 1)} GB/s (torch.sum sobre "
+            f"{es_bytes(probes['read_bytes'])}); un producto matriz-vector frío lee "
+            f"{es(step['gemv_bytes_per_s'] / 1e9, 1)} GB/s (ciclo de "
+            f"{es_bytes(probes['gemv_working_set_bytes'])} de pesos); matmul {dtype_name}: "
+            f"{es(step['peak_flops'] / 1e9, 0)} GFLOP/s; punto de cresta "
+            f"{es(step['ridge'], 1)} FLOP/byte.", step["bandwidth_bytes_per_s"] / 1e9, "GB/s",
             "measured", True),
-        _ev(f"Prefill de {params['prompt_len']} tokens: {es(prefill_tps, 0)} tokens/s; "
-            f"decodificación con lote 1: {es(decode_tps, 1)} tokens/s "
-            f"({es(prefill_tps / decode_tps, 1)} veces menos).", prefill_tps / decode_tps, "x",
+        c["floors"].evidence("x"),
+        _ev(f"Un paso de decodificación de {config.name} en {dtype_name} lee "
+            f"{es(b1['bytes'] / 1e6, 1)} MB y hace {es(b1['intensity'], 2)} FLOP/byte.",
+            b1["bytes"], "B"),
+        _ev(f"Paso con lote 1: {es(1e3 * step['step_s'], 2)} ms medidos; suelo de la memoria "
+            f"{es(1e3 * step['floor_read_s'], 2)} ms (eficiencia "
+            f"{es(100 * step['efficiency_read'], 0)} %); "
+            f"suelo de los kernels {es(1e3 * step['floor_gemv_s'], 2)} ms (eficiencia "
+            f"{es(100 * step['efficiency_gemv'], 0)} %).", step["efficiency_read"], "fracción",
             "measured", True),
-        _ev("La curva de lotes se separa de la predicción del roofline (más de "
-            f"{es(100 * params['tolerance'], 0)} %) en el lote "
-            f"{part if part is not None else 'ninguno de los medidos'}.",
-            part if part is not None else "ninguno", "secuencias", "measured", True),
+        c["share"].evidence("fracción"),
+        c["phases"].evidence("x"),
+        c["decode_regime"].evidence("x"),
+        c["prefill_regime"].evidence("x"),
+        *(cc[k].evidence("x") for k in ("gain", "departure") if k in cc),
         _ev(f"Con la hoja de datos de la H100 SXM ({es(h100.bandwidth_bytes_per_s / 1e12, 2)} "
             f"TB/s), Llama-3.1-8B en bf16 tiene un suelo de {es(h100_floor_ms, 1)} ms por token; "
             f"su punto de cresta es {es(h100_ridge, 0)} FLOP/byte.", h100_floor_ms, "ms", "cited"),
     ]
     limitations = [
-        f"Pesos aleatorios ({cfg.name}): el coste no depende de los valores, pero el texto generado "
-        "no significa nada.",
-        "El ancho de banda se mide con una reducción (torch.sum); un producto matriz-vector frío "
-        "puede leer algo más lento, así que la eficiencia no llega al 100 % aunque no haya "
-        "sobrecarga.",
+        f"Pesos aleatorios ({config.name}): el coste no depende de los valores, pero el texto "
+        "generado no significa nada.",
+        "Dos suelos, dos sondas: la memoria se mide con una reducción (torch.sum) y los kernels "
+        f"con un producto matriz-vector de forma fija ({probes['gemv_shape'][0]} × "
+        f"{probes['gemv_shape'][1]}); las matrices del modelo tienen otras formas y su GEMV puede "
+        "leer algo más deprisa o más despacio.",
         timing_limitation(reps),
-        "La predicción usa el pico de una matmul cuadrada grande; las matmul con pocas filas de la "
-        "decodificación no lo alcanzan, y eso es parte de lo que la curva muestra.",
+        "La predicción de la curva usa el pico de una matmul cuadrada grande; las matmul con "
+        "pocas filas de la decodificación no lo alcanzan, y eso es parte de lo que la curva muestra.",
+        "Los pasos se miden con la caché llena de valores aleatorios en lugar de un prefill: el "
+        "trabajo de un paso depende de cuántas posiciones atiende, no de lo que contienen.",
     ]
-    return {"environment": {"model": cfg.name, "dtype": dtype_name}, "results": results,
+    if params["torch_threads"]:
+        limitations.append(
+            f"Todo se midió con {probes['torch_threads']} hilo(s) de torch (parámetro "
+            "torch_threads): con otro número de hilos la máquina lee y calcula a otro ritmo.")
+    return {"environment": {"model": config.name, "dtype": dtype_name}, "results": results,
             "evidence": evidence, "limitations": limitations,
             "volatile_fields": ["results.machine", "results.prefill_decode", "results.floor",
-                                "results.batching.measured_ms", "results.batching.predicted_ms",
-                                "results.batching.tokens_per_s", "results.batching.departure_batch"]}
+                                "results.batching.measured_ms",
+                                "results.batching.measured_samples_ms",
+                                "results.batching.predicted_ms", "results.batching.tokens_per_s",
+                                "results.batching.departure_batch", "results.verdicts"]}
+
+
+def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
+    dtype = default_dtype(device) if params["dtype"] == "auto" else getattr(torch, params["dtype"])
+    dtype_name = str(dtype).removeprefix("torch.")
+    model = load_model(params["model"], seed, dtype, device)
+    measured = measure(model, params, seed)
+    step = analyse_step(measured, model.config, dtype_name)
+    curve = analyse_batching(measured, model.config, dtype_name, step)
+    part = departure_batch(curve["batch_sizes"], curve["measured_s"], curve["predicted_s"],
+                           params["tolerance"])
+    curve = with_departure(curve, part, params["tolerance"])
+    return report(model.config, dtype_name, params, measured, step, curve)
 
 
 SPEC = LabSpec(
@@ -171,14 +528,16 @@ SPEC = LabSpec(
                             by_profile={"ci": 256, "gpu": 2048}),
         "context_len": Param(64, int, "tokens de contexto de cada secuencia en la curva de lotes",
                              min=1, max=8192),
-        "decode_tokens": Param(24, int, "tokens generados por medición de decodificación",
-                               min=3, max=1024, by_profile={"ci": 10, "gpu": 48}),
-        "batch_sizes": Param([1, 2, 4, 8, 16, 32], int, "tamaños de lote de la curva", min=1,
-                             max=1024, is_list=True,
-                             by_profile={"ci": [1, 2, 4, 8, 16], "gpu": [1, 2, 4, 8, 16, 32, 64, 128]}),
-        "repeats": Param(5, int, "repeticiones de cada medición", min=1, max=50,
-                         by_profile={"ci": 2}),
+        "decode_tokens": Param(24, int, "pasos de decodificación cronometrados por muestra",
+                               min=3, max=1024, by_profile={"ci": 8, "gpu": 48}),
+        "batch_sizes": Param([1, 2, 4, 8, 16, 32], int, "tamaños de lote de la curva (el "
+                             "primero, 1)", min=1, max=1024, is_list=True,
+                             by_profile={"ci": [1, 2, 4, 8, 16],
+                                         "gpu": [1, 2, 4, 8, 16, 32, 64, 128]}),
+        "repeats": Param(5, int, "rondas intercaladas de mediciones", min=1, max=50),
         "tolerance": Param(0.25, float, "separación relativa que cuenta como «se separa»",
                            min=0.0, max=10.0),
+        "torch_threads": Param(0, int, "hilos de torch durante las mediciones (0: los que torch "
+                               "elija)", min=0, max=1024, by_profile={"ci": 1}),
     },
 )
