@@ -394,6 +394,22 @@ def _common_params(device: torch.device, dtype_name: str, calls_per_rep: int,
 BANDWIDTH_KINDS = ("read", "copy")
 
 
+def _probe_numel(size_bytes: int | None, dtype: torch.dtype, dtype_name: str,
+                 device: torch.device, buffers: int) -> tuple[int, int]:
+    """Elements and element size of a probe buffer of ``size_bytes`` (default: 1 GiB, 2 on CUDA,
+    capped to the memory available for ``buffers`` such buffers)."""
+    if size_bytes is None:
+        size_bytes = _capped((2 if device.type == "cuda" else 1) * GiB, device, 8 * buffers)
+    else:
+        _check_positive_int("size_bytes", size_bytes)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = size_bytes // itemsize
+    if numel < 1:
+        raise ValueError(f"size_bytes={size_bytes} es menor que un elemento de {dtype_name} "
+                         f"({itemsize} bytes); use un tamaño de al menos {itemsize} bytes")
+    return numel, itemsize
+
+
 def measure_bandwidth(device: torch.device | str | None = None, size_bytes: int | None = None,
                       kind: str = "read", dtype: torch.dtype = torch.float32, repeats: int = 5,
                       warmup: int = 1, progress: bool | None = None) -> ProbeResult:
@@ -414,15 +430,7 @@ def measure_bandwidth(device: torch.device | str | None = None, size_bytes: int 
     repeats = _check_positive_int("repeats", repeats)
     warmup = _check_positive_int("warmup", warmup, minimum=0)
     buffers = 1 if kind == "read" else 2
-    if size_bytes is None:
-        size_bytes = _capped((2 if device.type == "cuda" else 1) * GiB, device, 8 * buffers)
-    else:
-        _check_positive_int("size_bytes", size_bytes)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    numel = size_bytes // itemsize
-    if numel < 1:
-        raise ValueError(f"size_bytes={size_bytes} es menor que un elemento de {dtype_name} "
-                         f"({itemsize} bytes); use un tamaño de al menos {itemsize} bytes")
+    numel, itemsize = _probe_numel(size_bytes, dtype, dtype_name, device, buffers)
     nbytes = numel * itemsize
 
     with torch.inference_mode():
@@ -590,20 +598,12 @@ def measure_stream_bandwidths(device: torch.device | str | None = None,
     warmup = _check_positive_int("warmup", warmup, minimum=0)
     k = _check_positive_int("k", k)
     n = _check_positive_int("n", n)
-    if size_bytes is None:
-        size_bytes = _capped((2 if device.type == "cuda" else 1) * GiB, device, 8)
-    else:
-        _check_positive_int("size_bytes", size_bytes)
+    numel, itemsize = _probe_numel(size_bytes, dtype, dtype_name, device, 1)
     if working_set_bytes is None:
         default = 512 * 10**6 if device.type == "cuda" else int(1.2 * GiB)
         working_set_bytes = _capped(default, device, 8)
     else:
         _check_positive_int("working_set_bytes", working_set_bytes)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    numel = size_bytes // itemsize
-    if numel < 1:
-        raise ValueError(f"size_bytes={size_bytes} es menor que un elemento de {dtype_name} "
-                         f"({itemsize} bytes); use un tamaño de al menos {itemsize} bytes")
     read_bytes = numel * itemsize
     weight_bytes = n * k * itemsize
     num_matrices = max(1, math.ceil(working_set_bytes / weight_bytes))

@@ -54,3 +54,22 @@ def check_done(engine: LLMEngine) -> None:
 # Hypothesis settings of the engine property tests: reproducible, no example database.
 PROPS = dict(derandomize=True, database=None, deadline=None,
              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+class PoisonedExecutor:
+    """Wraps an executor: a step that computes a request whose prompt starts with ``marker``
+    raises, as a kernel bug triggered by one request's data would. ``inner`` is the original."""
+
+    def __init__(self, inner, marker: int) -> None:
+        self.inner, self.marker = inner, marker
+
+    def now(self):
+        return self.inner.now()
+
+    def idle_until(self, t):
+        self.inner.idle_until(t)
+
+    def execute(self, out):
+        if any(s.request.prompt_token_ids[0] == self.marker for s in out.scheduled):
+            raise RuntimeError("fallo simulado del núcleo (device-side assert)")
+        return self.inner.execute(out)

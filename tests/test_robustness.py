@@ -11,6 +11,7 @@ import pytest
 from ai_evolution.engine import LLM, FinishReason, RequestRejected, SamplingParams, build_engine
 from ai_evolution.labs import LabParamError, run_lab
 from ai_evolution.model import ModelConfig
+from engine_helpers import PoisonedExecutor
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -73,31 +74,12 @@ def test_an_error_message_stays_small_whatever_came_in(tiny):
     assert len(str(err.value)) < 400 and "100000 valor" in str(err.value) and "y 99995 más" in str(err.value)
 
 
-class _Poisoned:
-    """Wraps a runner: a step that computes a request whose prompt starts with ``marker``
-    raises, as a kernel bug triggered by one request's data would."""
-
-    def __init__(self, runner, marker: int) -> None:
-        self.runner, self.marker = runner, marker
-
-    def now(self):
-        return self.runner.now()
-
-    def idle_until(self, t):
-        self.runner.idle_until(t)
-
-    def execute(self, out):
-        if any(s.request.prompt_token_ids[0] == self.marker for s in out.scheduled):
-            raise RuntimeError("CUDA error: device-side assert triggered (simulated)")
-        return self.runner.execute(out)
-
-
 @pytest.mark.parametrize("kv_layout", ["contiguous", "paged"])
 def test_an_error_inside_a_step_fails_only_the_request_that_caused_it(tiny, kv_layout):
     llm = LLM(tiny, tokenizer="tiny-es", max_num_seqs=4, max_model_len=64, kv_layout=kv_layout)
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     want = llm.generate(PROMPTS, params)
-    llm.engine.executor = _Poisoned(llm.engine.executor, marker=7)
+    llm.engine.executor = PoisonedExecutor(llm.engine.executor, marker=7)
     poisoned = [7, 20, 30, 40]
     outs = llm.generate([poisoned] + PROMPTS, params)
     assert outs[0].finish_reason is FinishReason.ERROR and "RuntimeError" in outs[0].error

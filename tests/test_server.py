@@ -30,6 +30,7 @@ from ai_evolution.metrics import goodput, summarize
 from ai_evolution.model.tokenizer import load_tokenizer
 from ai_evolution.server import apply_chat_template, render_chat, serve_in_thread
 from ai_evolution.server.detokenize import IncrementalDetokenizer
+from engine_helpers import PoisonedExecutor
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -325,25 +326,6 @@ def test_error_bodies_stay_small_and_huge_bodies_are_refused_unread(http):
     assert http.post(C, json=OK).status_code == 200
 
 
-class _PoisonedStep:
-    """The engine's executor, except that a step computing a request whose prompt starts with
-    ``marker`` raises (a kernel bug triggered by one request's data)."""
-
-    def __init__(self, runner, marker: int) -> None:
-        self.runner, self.marker = runner, marker
-
-    def now(self):
-        return self.runner.now()
-
-    def idle_until(self, t):
-        self.runner.idle_until(t)
-
-    def execute(self, out):
-        if any(s.request.prompt_token_ids[0] == self.marker for s in out.scheduled):
-            raise RuntimeError("fallo simulado del núcleo")
-        return self.runner.execute(out)
-
-
 def test_poison_requests_fail_alone_while_eight_streams_run(server, client, http, ref):
     marker = 7
     prompts = [f"{p} {i}" for i, p in enumerate(PROMPTS * 4)]  # 8 streams
@@ -358,7 +340,7 @@ def test_poison_requests_fail_alone_while_eight_streams_run(server, client, http
     ]
     raw_poison = ('{"model": "tiny-es", "prompt": "a\\ud800b", "max_tokens": 2}', 400)
     server.engine_loop.call(
-        lambda e: setattr(e, "executor", _PoisonedStep(e.executor, marker))).result(timeout=30)
+        lambda e: setattr(e, "executor", PoisonedExecutor(e.executor, marker))).result(timeout=30)
     try:
         def one(prompt):
             stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
@@ -374,7 +356,7 @@ def test_poison_requests_fail_alone_while_eight_streams_run(server, client, http
             texts = [f.result(timeout=120) for f in streams]
     finally:
         server.engine_loop.call(
-            lambda e: setattr(e, "executor", e.executor.runner)).result(timeout=30)
+            lambda e: setattr(e, "executor", e.executor.inner)).result(timeout=30)
     assert statuses == [status for _, status in poison] + [raw_poison[1]]
     assert texts == wants  # the eight streams never noticed
     wait_idle(server)

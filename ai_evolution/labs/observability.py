@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,6 +40,7 @@ import torch
 from .. import claims
 from ..engine import SamplingParams, build_engine
 from ..fmt import es
+from ..timing import torch_threads
 from ..hardware import get_device_spec
 from ..loadgen import open_loop_workload, poisson_arrivals, realized_rate
 from ..loadgen.inprocess import run_closed_loop, run_open_loop
@@ -507,20 +507,6 @@ def check_params(params: dict, max_positions: int) -> None:
     if params["dc_settle_requests"] < 4 * 30:
         raise LabParamError(f"dc_settle_requests={params['dc_settle_requests']} debe ser al menos "
                             "120 (cuatro bloques de 30)")
-
-
-@contextmanager
-def torch_threads(n: int):
-    """Run the block with ``n`` intra-op threads (0: leave torch's choice). On a small shared
-    CPU one thread is the robust choice for a tiny model: a second thread that has to wait for
-    a busy core makes every step many times slower."""
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:

@@ -19,7 +19,6 @@ against the ridge point, what batching gains and where the curve leaves its pred
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from typing import Callable
 
 import numpy as np
@@ -33,6 +32,7 @@ from ..model import get_preset, load_pretrained, random_model
 from ..model.attention import ContiguousKVCache
 from ..sim import (RooflineCostModel, StepCost, decode_step_cost, departure_batch, ridge_point,
                    step_cost, time_floor_s)
+from ..timing import torch_threads
 from .contract import evidence as _ev, timing_limitation
 from .registry import LabParamError, LabSpec, Param
 
@@ -119,20 +119,6 @@ class DecodeBatch:
                 synchronize(self.device)
                 times.append(time.perf_counter() - start)
         return float(np.median(times))
-
-
-@contextmanager
-def torch_threads(n: int):
-    """Run the block with ``n`` intra-op threads (0: leave torch's choice). On a small shared
-    CPU, one thread is the robust choice: a second thread that has to wait for a busy core makes
-    every step several times slower, and the wait has nothing to do with the roofline."""
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def check_params(params: dict, max_positions: int, model_name: str) -> None:
