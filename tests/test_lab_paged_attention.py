@@ -1,9 +1,13 @@
-"""The PagedAttention lab: its contract, its determinism, and its parameter errors."""
+"""The PagedAttention lab: its contract, its determinism, its parameter errors, and conclusions
+that take the branch their numbers support."""
 
 import pytest
 
-from ai_evolution.labs import LabParamError, run_lab, without_volatile
-from ai_evolution.labs.paged_attention import block_size_sweep
+from ai_evolution import claims
+from ai_evolution.labs import LabParamError, assemble_contract, run_lab, without_volatile
+from ai_evolution.labs.paged_attention import (block_size_sweep, datacenter_comparison,
+                                               prefix_sentence, report, same_tokens_sentence,
+                                               verdicts)
 
 FAST = dict(num_requests=10, prompt_len=16, mean_output=16, max_model_len=128, kv_rows=2,
             paged_max_num_seqs=8, block_size=8, block_sizes=[1, 8, 64], system_len=32, user_len=4,
@@ -16,9 +20,21 @@ def contract():
     return run_lab("paged_attention", seed=1, profile="ci", **FAST)
 
 
+def test_contract_claims_are_what_their_numbers_give(contract):
+    assert claims.recheck_contract(contract) == []
+    kinds = {item["claim"]["inputs"]["what"] for item in claims.claims_of(contract)}
+    assert len(kinds) == 3  # tokens/s, time per step, TTFT
+    pairs = FAST.get("timing_repeats", 3)
+    timing = contract["results"]["fragmentation_timing"]
+    assert len(timing["paged_tok_s"]) == len(timing["contiguous_tok_s"]) == pairs
+    assert len(contract["results"]["prefix_timing"]["ttft_mean_s_with"]) == pairs
+    for item in contract["evidence"]:  # what the clock measured is volatile, nothing else is
+        assert item.get("volatile", False) == (item["source"] == "measured"), item["statement"]
+
+
 def test_paged_layout_uses_memory_better_and_admits_more(contract):
     f = contract["results"]["fragmentation"]
-    assert f["outputs_identical"]
+    assert f["outputs_identical"] and f["repeats_identical"]
     assert f["paged"]["mean_utilization"] > f["contiguous"]["mean_utilization"]
     assert f["contiguous"]["peak_batch"] == 2 < f["paged"]["peak_batch"]
     assert f["paged"]["steps"] < f["contiguous"]["steps"]
@@ -27,6 +43,7 @@ def test_paged_layout_uses_memory_better_and_admits_more(contract):
 
 def test_prefix_cache_saves_prefill_and_chat_turns_hit(contract):
     p = contract["results"]["prefix"]
+    assert p["repeats_identical"]
     assert p["without_cache"]["hit_tokens"] == 0
     assert p["with_cache"]["hit_tokens"] == 3 * 32  # 3 later requests x the 32-token system prompt
     assert p["with_cache"]["prefill_tokens"] + p["with_cache"]["hit_tokens"] == p["without_cache"]["prefill_tokens"]
@@ -65,3 +82,120 @@ def test_bad_parameters_are_rejected_in_spanish():
         run_lab("paged_attention", profile="ci", prompt_len=200, max_model_len=128)
     with pytest.raises(LabParamError, match="block_size"):
         run_lab("paged_attention", profile="ci", block_size=0)
+
+
+# --- report(): every conclusion follows the numbers it is given -----------------------------------
+PARAMS = {"max_model_len": 128, "kv_rows": 2, "block_size": 8}
+LAYOUT = {"steps": 90, "mean_utilization": 0.3, "peak_batch": 2, "mean_batch": 1.9,
+          "num_preemptions": 0, "output_tokens": 160}
+
+
+def measurements(paged_tok_s, contiguous_tok_s, ttft_with, ttft_without, dc_ratio=1.2):
+    """Hand-made lab measurements in the shapes the lab's studies return."""
+    paged = dict(LAYOUT, steps=60, mean_utilization=0.92, peak_batch=8, mean_batch=3.1)
+    frag = {"contiguous": LAYOUT, "paged": paged, "outputs_identical": True,
+            "repeats_identical": True, "final_lengths": [20, 40, 60],
+            "timing": {"paged_tok_s": paged_tok_s, "contiguous_tok_s": contiguous_tok_s,
+                       "paged_step_ms": [1e3 * 160 / t / 60 for t in paged_tok_s],
+                       "contiguous_step_ms": [1e3 * 160 / t / 90 for t in contiguous_tok_s]}}
+    prefix = {"with_cache": {"hit_tokens": 96, "prefill_tokens": 12, "prompt_tokens": 108,
+                             "hit_rate": 96 / 108},
+              "without_cache": {"hit_tokens": 0, "prefill_tokens": 108, "prompt_tokens": 108,
+                                "hit_rate": 0.0},
+              "repeats_identical": True,
+              "timing": {"ttft_mean_s_with": ttft_with, "ttft_mean_s_without": ttft_without}}
+    dc = {"kv_tokens": 10_000, "max_model_len": 4096, "throughput_ratio": dc_ratio,
+          "contiguous": {"max_num_seqs": 2, "peak_batch": 2, "throughput_tok_s": 100.0,
+                         "num_preemptions": 0},
+          "paged": {"max_num_seqs": 256, "peak_batch": 4, "throughput_tok_s": 100.0 * dc_ratio,
+                    "num_preemptions": 0}}
+    return frag, block_size_sweep(frag["final_lengths"], [8, 16]), prefix, [], [], dc
+
+
+def body_of(*args):
+    frag, sweep, prefix, chat, eviction, dc = measurements(*args)
+    v = verdicts(frag, prefix)
+    body = report("tiny-es", PARAMS, frag, sweep, prefix, chat, eviction, dc, v)
+    return v, body
+
+
+FAST_SIDE, SLOW_SIDE = [300.0, 310.0, 305.0], [100.0, 104.0, 98.0]
+NOISY_A, NOISY_B = [100.0, 300.0, 150.0], [200.0, 120.0, 180.0]
+QUICK, SLOW = [0.010, 0.011, 0.0105], [0.030, 0.032, 0.029]
+
+MORE, LESS = "los bloques generan más tokens", "los bloques generan menos tokens"
+UNSURE = "no es concluyente"
+
+
+@pytest.mark.parametrize("paged,contiguous,outcome,says", [
+    (FAST_SIDE, SLOW_SIDE, claims.HIGHER, MORE),
+    (SLOW_SIDE, FAST_SIDE, claims.LOWER, LESS),  # the "slow" side wins: the sentence follows
+    ([10 * x for x in SLOW_SIDE], [10 * x for x in FAST_SIDE], claims.LOWER, LESS),  # a 10x slower machine
+    (NOISY_A, NOISY_B, claims.INCONCLUSIVE, UNSURE),  # overlapping noise
+    ([300.0], [100.0], claims.INCONCLUSIVE, "una sola medición"),  # one pair never decides
+])
+def test_throughput_claim_follows_its_samples(paged, contiguous, outcome, says):
+    v, body = body_of(paged, contiguous, QUICK, SLOW)
+    claim = v["throughput"]
+    assert claim.outcome == outcome and says in claim.text
+    for other in {MORE, LESS, UNSURE} - {says}:
+        assert other not in claim.text
+    statements = [e["statement"] for e in body["evidence"]]
+    assert claim.text in statements  # the page's object is the contract's
+    assert claims.recheck_contract(body) == []
+
+
+@pytest.mark.parametrize("with_,without,outcome,says,never", [
+    (QUICK, SLOW, claims.LOWER, "acorta el TTFT", ["es mayor", "no es concluyente"]),
+    (SLOW, QUICK, claims.HIGHER, "el TTFT medio es mayor", ["acorta", "no es concluyente"]),
+    ([0.01, 0.03, 0.02], [0.025, 0.012, 0.02], claims.INCONCLUSIVE, "no es concluyente",
+     ["acorta", "es mayor"]),
+])
+def test_ttft_claim_follows_its_samples(with_, without, outcome, says, never):
+    v, body = body_of(FAST_SIDE, SLOW_SIDE, with_, without)
+    assert v["ttft"].outcome == outcome and says in v["ttft"].text
+    assert not any(w in v["ttft"].text for w in never)
+    assert v["ttft"].text in [e["statement"] for e in body["evidence"]]
+
+
+def test_step_time_claim_reads_the_per_step_times():
+    # paged: 3x the tokens/s in 2/3 of the steps -> each step takes half as long
+    v, _ = body_of(FAST_SIDE, SLOW_SIDE, QUICK, SLOW)
+    assert v["step_time"].outcome == claims.LOWER and "cuesta menos" in v["step_time"].text
+    # paged: same tokens/s in 2/3 of the steps -> each step takes 1,5 times as long
+    v, _ = body_of(SLOW_SIDE, SLOW_SIDE, QUICK, SLOW)
+    assert v["step_time"].outcome == claims.HIGHER and "cuesta más" in v["step_time"].text
+    assert "1,50 veces" in v["step_time"].text
+
+
+def test_report_computes_its_claims_when_not_given_and_assembles():
+    frag, sweep, prefix, chat, eviction, dc = measurements(FAST_SIDE, SLOW_SIDE, QUICK, SLOW)
+    body = report("tiny-es", PARAMS, frag, sweep, prefix, chat, eviction, dc)
+    v = verdicts(frag, prefix)
+    assert [e["statement"] for e in claims.claims_of(body)] == [v[k].text for k in
+                                                               ("throughput", "step_time", "ttft")]
+    contract = assemble_contract("paged_attention", 0, "ci", dict(FAST, **PARAMS), body, "cpu")
+    assert claims.recheck_contract(contract) == []
+    assert "la mediana de 3 repeticiones" in " ".join(contract["limitations"])
+
+
+@pytest.mark.parametrize("ratio,says,never", [
+    (0.9, "el rendimiento simulado baja", ["menor que en concurrencia", "alcanza"]),
+    (1.5, "menor que en concurrencia", ["baja", "alcanza"]),  # concurrency: 2 times
+    (2.5, "alcanza la de concurrencia", ["baja", "menor que en concurrencia"]),
+])
+def test_datacenter_sentence_takes_the_branch_of_its_numbers(ratio, says, never):
+    *_, dc = measurements(FAST_SIDE, SLOW_SIDE, QUICK, SLOW, dc_ratio=ratio)
+    text = datacenter_comparison(dc)
+    assert says in text and not any(w in text for w in never)
+    _, body = body_of(FAST_SIDE, SLOW_SIDE, QUICK, SLOW, ratio)
+    assert any(text in e["statement"] for e in body["evidence"])
+
+
+def test_count_sentences_read_right_for_any_value():
+    saving = prefix_sentence({"prefill_tokens": 12, "hit_rate": 0.89}, {"prefill_tokens": 108})
+    assert "un 89 % menos de tokens (12 frente a 108)" in saving
+    none = prefix_sentence({"prefill_tokens": 108, "hit_rate": 0.0}, {"prefill_tokens": 108})
+    assert "no calcula menos tokens" in none and "% menos" not in none
+    assert "exactamente los mismos" in same_tokens_sentence(True)
+    assert "NO generan" in same_tokens_sentence(False)

@@ -1,8 +1,12 @@
-"""The scheduler lab: its contract, its determinism, and its parameter errors."""
+"""The scheduler lab: its contract, its determinism, its parameter errors, and conclusions that
+take the branch their numbers support."""
 
 import pytest
 
-from ai_evolution.labs import LabParamError, run_lab, without_volatile
+from ai_evolution import claims
+from ai_evolution.labs import LabParamError, assemble_contract, run_lab, without_volatile
+from ai_evolution.labs.scheduler import (preemption_sentence, report, same_tokens_sentence,
+                                         sim_sentence, verdicts)
 
 FAST = dict(max_model_len=256, decoders=3, decoder_prompt=2, decode_tokens=40, long_prompt=96, warmup_steps=2,
             budgets=[8, 128], dc_decoders=8, dc_long_prompt=1024, dc_budgets=[128, 1040],
@@ -15,8 +19,20 @@ def contract():
     return run_lab("scheduler", seed=4, profile="ci", **FAST)
 
 
+def test_contract_claims_are_what_their_numbers_give(contract):
+    assert claims.recheck_contract(contract) == []
+    whats = [item["claim"]["inputs"]["what"] for item in claims.claims_of(contract)]
+    assert len(whats) == 4  # TTFT, ITL, pool tokens/s, preempted vs spared latency
+    assert contract["results"]["tradeoff_timing"]["rounds"] == 3
+    assert all(len(x) == 3 for x in contract["results"]["tradeoff_timing"]["ttft_s"])
+    assert all(len(p["tok_s"]) == 3 for p in contract["results"]["preemption_timing"])
+    for item in contract["evidence"]:  # what the clock measured is volatile, nothing else is
+        assert item.get("volatile", False) == (item["source"] == "measured"), item["statement"]
+
+
 def test_small_budgets_delay_the_long_prompt_and_bound_the_step(contract):
     t = contract["results"]["tradeoff"]
+    assert t["repeats_identical"]
     # 3 decoders (still decoding throughout) take 3 of 8 tokens: the prompt needs ceil(96 / 5) steps
     assert t["ttft_steps"] == [-(-96 // 5), 1]
     assert t["max_step_tokens"][0] <= 8 and t["max_step_tokens"][1] == 96 + 3
@@ -30,7 +46,7 @@ def test_simulated_tradeoff_goes_both_ways(contract):
 
 def test_a_small_pool_preempts_but_changes_no_token(contract):
     p = contract["results"]["preemption"]
-    assert p["outputs_identical"]
+    assert p["outputs_identical"] and p["repeats_identical"]
     big, small = p["rows"]
     assert big["num_preemptions"] == 0 and small["num_preemptions"] > 0
     # what preemption threw away is computed again, except what the prefix cache gives back
@@ -47,3 +63,126 @@ def test_bad_parameters_are_rejected_in_spanish():
         run_lab("scheduler", profile="ci", **{**FAST, "pool_blocks": [2]})
     with pytest.raises(LabParamError, match="long_prompt"):
         run_lab("scheduler", profile="ci", **{**FAST, "long_prompt": 300})
+
+
+# --- report(): every conclusion follows the numbers it is given -----------------------------------
+PARAMS = {"dc_model": "llama-3.1-8b", "dc_device": "h100-sxm", "dc_decoders": 8,
+          "dc_long_prompt": 1024}
+
+
+def real_rows(ttft_lo, ttft_hi, itl_lo, itl_hi):
+    """Hand-made ``tradeoff_real`` rows for budgets 8 and 128 (one sample per round)."""
+    def row(budget, steps, ttft, itl):
+        return {"budget": budget, "ttft_steps": steps, "max_step_tokens": budget,
+                "repeats_identical": True, "ttft_s": ttft, "itl_p50_s": itl,
+                "itl_p99_s": [2 * x for x in itl], "itl_max_s": [3 * x for x in itl]}
+    return [row(8, 20, ttft_lo, itl_lo), row(128, 1, ttft_hi, itl_hi)]
+
+
+def pressure_rows(tok_big, tok_tight, pre, spared, preempted=(0, 3)):
+    def row(blocks, tok, pre_, spared_, n):
+        return {"pool_blocks": blocks, "steps": 100, "num_preemptions": 2 * n,
+                "preempted_tokens": 50 * n, "preempted_requests": n,
+                "computed_tokens": 1000 + 50 * n, "prefix_hit_tokens": 0, "outputs": [[1, 2]],
+                "repeats_identical": True,
+                "timing": {"wall_s": [1.0] * len(tok), "tok_s": tok,
+                           "e2e_preempted_mean_s": pre_, "e2e_spared_mean_s": spared_,
+                           "e2e_p99_s": [1.0] * len(tok)}}
+    return [row(64, tok_big, [None] * len(tok_big), [1.0] * len(tok_big), preempted[0]),
+            row(12, tok_tight, pre, spared, preempted[1])]
+
+
+SIM = [{"budget": 128, "ttft_s": 0.175, "ttft_steps": 9, "itl_p99_s": 0.0047, "max_step_tokens": 128},
+       {"budget": 1040, "ttft_s": 0.016, "ttft_steps": 1, "itl_p99_s": 0.0159, "max_step_tokens": 1032}]
+
+SLOW3, FAST3 = [0.40, 0.42, 0.41], [0.020, 0.021, 0.019]
+NOISE_A, NOISE_B = [0.10, 0.30, 0.15], [0.20, 0.12, 0.18]
+UNSURE = "no es concluyente"
+
+
+def build(real, pressure):
+    v = verdicts(real, pressure)
+    body = report("tiny-es", PARAMS, real, SIM, pressure, v)
+    assert claims.recheck_contract(body) == []
+    statements = [e["statement"] for e in body["evidence"]]
+    assert all(c.text in statements for c in v.values())  # the page's objects are the contract's
+    return v
+
+
+POOLS = pressure_rows([100.0, 102.0, 98.0], [60.0, 62.0, 59.0], [3.0, 3.1, 2.9], [1.0, 1.1, 0.9])
+
+
+@pytest.mark.parametrize("ttft,itl,ttft_says,itl_says", [
+    # chunking in small steps delays the long prompt and protects the others
+    ((SLOW3, FAST3), (FAST3, SLOW3), "tarda más en dar su primer token", "las protege en esta"),
+    # the opposite numbers: the sentences follow them
+    ((FAST3, SLOW3), (SLOW3, FAST3), "da antes su primer token", "no las protege"),
+    # a machine ten times slower changes no verdict
+    (([10 * x for x in SLOW3], [10 * x for x in FAST3]), ([10 * x for x in FAST3], [10 * x for x in SLOW3]),
+     "tarda más en dar su primer token", "las protege en esta"),
+    # overlapping noise
+    ((NOISE_A, NOISE_B), (NOISE_B, NOISE_A), UNSURE, UNSURE),
+])
+def test_tradeoff_claims_follow_their_samples(ttft, itl, ttft_says, itl_says):
+    v = build(real_rows(*ttft, *itl), POOLS)
+    assert ttft_says in v["ttft"].text and itl_says in v["itl"].text
+    opposite = {"tarda más en dar su primer token": "da antes", "da antes su primer token": "tarda más",
+                UNSURE: "su primer token"}
+    assert opposite[ttft_says] not in v["ttft"].text.split(";")[-1]
+    if itl_says == "las protege en esta":
+        assert "no las protege" not in v["itl"].text
+    if itl_says == UNSURE:
+        assert "protege" not in v["itl"].text
+
+
+@pytest.mark.parametrize("tight,outcome,says", [
+    ([60.0, 62.0, 59.0], claims.LOWER, "genera menos tokens"),
+    ([160.0, 162.0, 159.0], claims.HIGHER, "genera más tokens"),
+    ([60.0, 162.0, 99.0], claims.INCONCLUSIVE, UNSURE),
+])
+def test_pool_throughput_claim_follows_its_samples(tight, outcome, says):
+    v = build(real_rows(SLOW3, FAST3, FAST3, SLOW3),
+              pressure_rows([100.0, 102.0, 98.0], tight, [3.0, 3.1, 2.9], [1.0, 1.1, 0.9]))
+    assert v["throughput"].outcome == outcome and says in v["throughput"].text
+
+
+@pytest.mark.parametrize("pre,spared,outcome,says,never", [
+    ([3.0, 3.1, 2.9], [1.0, 1.1, 0.9], claims.HIGHER, "las expulsadas tardan más", "tardan menos"),
+    ([1.0, 1.1, 0.9], [3.0, 3.1, 2.9], claims.LOWER, "las expulsadas tardan menos", "tardan más"),
+    ([1.0, 3.0, 2.0], [2.5, 1.2, 2.0], claims.INCONCLUSIVE, UNSURE, "tardan"),
+])
+def test_preempted_latency_claim_follows_its_samples(pre, spared, outcome, says, never):
+    v = build(real_rows(SLOW3, FAST3, FAST3, SLOW3),
+              pressure_rows([100.0, 102.0, 98.0], [60.0, 62.0, 59.0], pre, spared))
+    assert v["latency"].outcome == outcome and says in v["latency"].text
+    assert never not in v["latency"].text
+
+
+def test_no_latency_claim_without_preempted_requests_and_counts_read_right():
+    calm = pressure_rows([100.0, 102.0, 98.0], [99.0, 101.0, 97.0], [None] * 3, [1.0] * 3,
+                         preempted=(0, 0))
+    v = build(real_rows(SLOW3, FAST3, FAST3, SLOW3), calm)
+    assert "latency" not in v
+    assert preemption_sentence(calm) == "Con 12 bloques no hubo ninguna expulsión."
+    text = preemption_sentence(POOLS)
+    assert "6 expulsiones de 3 peticiones y 150 tokens" in text and "un 15 % más de tokens" in text
+    assert "NO" in same_tokens_sentence(False) and "NO" not in same_tokens_sentence(True)
+
+
+def test_sim_sentence_takes_the_branch_of_its_numbers():
+    text = sim_sentence(PARAMS, SIM)
+    assert "(3,4 veces)" in text and "orden de magnitud" not in text and ": baja." in text
+    big = [dict(SIM[0]), dict(SIM[1], itl_p99_s=0.0047 * 20, ttft_s=0.2)]
+    text = sim_sentence(PARAMS, big)
+    assert "más de un orden de magnitud (20 veces)" in text and ": no baja." in text
+    flat = [dict(SIM[0]), dict(SIM[1], itl_p99_s=0.004)]
+    assert ": no sube" in sim_sentence(PARAMS, flat)
+
+
+def test_report_assembles_into_a_valid_contract_whose_claims_recheck():
+    real, pools = real_rows(SLOW3, FAST3, FAST3, SLOW3), POOLS
+    body = report("tiny-es", PARAMS, real, SIM, pools)  # computes its own claims
+    contract = assemble_contract("scheduler", 0, "ci", dict(FAST, **PARAMS), body, "cpu")
+    assert claims.recheck_contract(contract) == []
+    assert len(claims.claims_of(contract)) == 4
+    assert "la mediana de 3 repeticiones" in " ".join(contract["limitations"])

@@ -2,11 +2,17 @@
 
 Measured on the reader's device (the real engine) and simulated (the same scheduler):
 1. fragmentation: the same KV memory as contiguous rows of ``max_model_len`` or as blocks of
-   ``block_size``; the share of reserved memory holding real tokens, the concurrency it allows,
-   the throughput that follows; and the block-size sweep (internal waste vs block-table size);
-2. prefix caching: requests sharing a long system prompt (hit rate, prefill tokens saved, TTFT
-   with and without the cache), a multi-turn chat, and eviction under memory pressure;
+   ``block_size``; the share of reserved memory holding real tokens and the concurrency it allows
+   (counts), the throughput that follows (interleaved pairs, a ``claims.compare``); and the
+   block-size sweep (internal waste vs block-table size);
+2. prefix caching: requests sharing a long system prompt (hit rate and prefill tokens saved,
+   counts; TTFT with and without the cache, interleaved pairs), a multi-turn chat, and eviction
+   under memory pressure;
 3. datacenter scale: Llama-3.1-8B on an H100 in the simulator, contiguous vs paged.
+
+The measurement functions run the lab; ``report`` turns what they measured into the contract's
+body, so a notebook that measured with the student's functions builds its contract from its own
+numbers (``report`` + ``assemble_contract``) and ``run`` (= measure + report) serves ``run_lab``.
 """
 
 from __future__ import annotations
@@ -16,18 +22,30 @@ import time
 import numpy as np
 import torch
 
-from ..engine import (KVCacheManager, LLMEngine, SamplingParams, Scheduler, build_engine)
+from .. import claims
+from ..engine import (BlockPool, KVCacheManager, LLMEngine, SamplingParams, Scheduler,
+                      build_engine)
 from ..fmt import es
 from ..hardware import get_device_spec
 from ..loadgen import WorkItem, capped_exponential_lengths
 from ..metrics import summarize
 from ..model import get_preset, kv_bytes_per_token
 from ..sim import RooflineCostModel, SimExecutor
+from ..timing import torch_threads
 from .contract import datasheet_sim_limitation, evidence as _ev, timing_limitation
 from .continuous_batching import MODELS, load_model
 from .kv_cache import worked_examples
 from .registry import LabParamError, LabSpec, Param
 
+
+def threads_limitation(threads: int) -> str:
+    """How many torch threads the timings ran with, and why (the labs' ``torch_threads``)."""
+    if not threads:
+        return ("Los tiempos se miden con los hilos que elige torch; en una máquina compartida, un "
+                "hilo que espera a un núcleo ocupado añade ruido.")
+    return (f"Los tiempos se miden con {threads} {'hilo' if threads == 1 else 'hilos'} de torch, no "
+            "con los que torch elegiría: en una máquina compartida es lo más estable, y no es el "
+            "mejor tiempo posible del motor.")
 
 
 def varied_workload(num_requests: int, prompt_len: int, mean_output: float, cap: int,
@@ -164,91 +182,244 @@ def datacenter(params: dict, seed: int) -> dict:
     return out
 
 
-def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
-    model = load_model(params["model"], seed, device)
-    cfg = model.config
+def fragmentation_study(model, params: dict, items: list[WorkItem], repeats: int,
+                        pool_cls=BlockPool) -> dict:
+    """The same KV memory as ``kv_rows`` contiguous rows or as blocks (from ``pool_cls``: a
+    student's pool plugs in here), serving ``items``, timed in ``repeats`` interleaved pairs.
+
+    Pair k runs contiguous then paged (paged then contiguous when k is odd, so warm-up and a
+    slow drift of the machine favour neither side). Every run must give the first run's tokens
+    and steps; the counts (steps, utilization, concurrency) come from the first pair, and each
+    pair gives one tokens/s sample and one mean step time per layout."""
     max_len, rows, bs = params["max_model_len"], params["kv_rows"], params["block_size"]
-    if max_len > cfg.max_position_embeddings:
-        raise LabParamError(f"max_model_len={max_len} supera las {cfg.max_position_embeddings} "
-                            f"posiciones de {cfg.name}")
-    if params["prompt_len"] >= max_len:
-        raise LabParamError(f"prompt_len={params['prompt_len']} debe ser menor que max_model_len={max_len}")
-    items = varied_workload(params["num_requests"], params["prompt_len"], params["mean_output"],
-                            max_len - params["prompt_len"], cfg.vocab_size, seed)
-    # --- 1. fragmentation: the same memory, two layouts ----------------------------------------
-    contiguous = serve_tracked(build_engine(model, max_num_seqs=rows, max_model_len=max_len), items)
-    paged = serve_tracked(build_engine(model, max_num_seqs=params["paged_max_num_seqs"],
-                                       max_model_len=max_len, kv_layout="paged", block_size=bs,
-                                       num_blocks=rows * max_len // bs,
-                                       enable_prefix_caching=False), items)
-    same = [r.output_token_ids for r in contiguous["requests"]] == [r.output_token_ids for r in paged["requests"]]
-    final = [len(it.prompt_token_ids) + it.params.max_tokens for it in items]
-    sweep = block_size_sweep(final, params["block_sizes"])
-    # --- 2. prefix caching ---------------------------------------------------------------------
-    with_cache = prefix_study(model, params, seed, True)
-    without = prefix_study(model, params, seed, False)
-    chat = chat_study(model, params, seed)
-    eviction = eviction_study(cfg, params, seed)
-    # --- 3. datacenter scale, computed ----------------------------------------------------------
-    dc = datacenter(params, seed)
+    num_blocks = rows * max_len // bs
+
+    def contiguous():
+        return serve_tracked(build_engine(model, max_num_seqs=rows, max_model_len=max_len), items)
+
+    def paged():
+        kv = KVCacheManager(num_blocks, bs, max_len, enable_prefix_caching=False,
+                            pool=pool_cls(num_blocks, bs))
+        return serve_tracked(build_engine(model, max_num_seqs=params["paged_max_num_seqs"],
+                                          max_model_len=max_len, kv=kv), items)
+
+    runs: dict[str, list[dict]] = {"contiguous": [], "paged": []}
+    with torch_threads(params.get("torch_threads", 0)):
+        for k in range(repeats):
+            for name in (("contiguous", "paged") if k % 2 == 0 else ("paged", "contiguous")):
+                runs[name].append(contiguous() if name == "contiguous" else paged())
+
+    def tokens(r):
+        return [q.output_token_ids for q in r["requests"]]
+
+    first = {name: rs[0] for name, rs in runs.items()}
+    reproduced = all(tokens(r) == tokens(rs[0]) and r["steps"] == rs[0]["steps"]
+                     for rs in runs.values() for r in rs)
+    out = {name: first[name] for name in runs}
+    out.update({
+        "outputs_identical": tokens(first["contiguous"]) == tokens(first["paged"]),
+        "repeats_identical": reproduced,
+        "final_lengths": [len(it.prompt_token_ids) + it.params.max_tokens for it in items],
+        "timing": {f"{name}_{key}": [f(r) for r in rs] for name, rs in runs.items()
+                   for key, f in (("tok_s", lambda r: r["output_tokens"] / r["wall_s"]),
+                                  ("step_ms", lambda r: 1e3 * r["wall_s"] / r["steps"]))},
+    })
+    return out
+
+
+def prefix_timing_study(model, params: dict, seed: int, repeats: int) -> dict:
+    """``prefix_study`` with and without the cache in ``repeats`` interleaved pairs (order
+    alternating). The counts come from the first pair (every repeat must reproduce them); each
+    pair gives one mean TTFT per side."""
+    runs: dict[bool, list[dict]] = {True: [], False: []}
+    with torch_threads(params.get("torch_threads", 0)):
+        for k in range(repeats):
+            for enable in ((True, False) if k % 2 == 0 else (False, True)):
+                runs[enable].append(prefix_study(model, params, seed, enable))
+    counts = ("hit_tokens", "prefill_tokens", "prompt_tokens", "hit_rate")
+    reproduced = all({c: r[c] for c in counts} == {c: rs[0][c] for c in counts}
+                     for rs in runs.values() for r in rs)
+    return {"with_cache": {c: runs[True][0][c] for c in counts},
+            "without_cache": {c: runs[False][0][c] for c in counts},
+            "repeats_identical": reproduced,
+            "timing": {"ttft_mean_s_with": [r["ttft_mean_s"] for r in runs[True]],
+                       "ttft_mean_s_without": [r["ttft_mean_s"] for r in runs[False]]}}
+
+
+# --- conclusions -------------------------------------------------------------------------------
+def layout_claims(frag: dict) -> dict[str, claims.Claim]:
+    """Paged vs contiguous, from ``fragmentation_study``'s interleaved pairs: tokens/s and the
+    mean time of a step (the paged run usually takes fewer, wider steps)."""
+    t = frag["timing"]
+    return {
+        "throughput": claims.compare(
+            t["paged_tok_s"], t["contiguous_tok_s"],
+            what="tokens/s con bloques / con reserva contigua",
+            higher="con la misma memoria, los bloques generan más tokens por segundo en esta máquina",
+            lower="con la misma memoria, los bloques generan menos tokens por segundo en esta máquina"),
+        "step_time": claims.compare(
+            t["paged_step_ms"], t["contiguous_step_ms"],
+            what="tiempo medio por paso con bloques / con reserva contigua",
+            higher="cada paso con bloques cuesta más en esta máquina",
+            lower="cada paso con bloques cuesta menos en esta máquina"),
+    }
+
+
+def ttft_claim(prefix: dict) -> claims.Claim:
+    """Mean TTFT with the prefix cache / without it, from ``prefix_timing_study``'s pairs."""
+    p = prefix["timing"]
+    return claims.compare(
+        p["ttft_mean_s_with"], p["ttft_mean_s_without"],
+        what="TTFT medio con caché de prefijos / sin ella",
+        higher="con la caché de prefijos el TTFT medio es mayor en esta máquina",
+        lower="la caché de prefijos acorta el TTFT medio en esta máquina")
+
+
+def verdicts(frag: dict, prefix: dict) -> dict[str, claims.Claim]:
+    """Every timed conclusion of the lab: ``throughput``, ``step_time`` and ``ttft``."""
+    return {**layout_claims(frag), "ttft": ttft_claim(prefix)}
+
+
+def same_tokens_sentence(same: bool) -> str:
+    return ("Las dos disposiciones generan exactamente los mismos tokens." if same else
+            "Las dos disposiciones NO generan los mismos tokens: la lectura por bloques tiene un error.")
+
+
+def prefix_sentence(with_cache: dict, without: dict) -> str:
+    """Hit rate and prefill saved, with the branch the counts support."""
+    if without["prefill_tokens"] == 0:
+        return "Sin caché el prefill no calculó ningún token: no hay nada que ahorrar."
+    saved = 1 - with_cache["prefill_tokens"] / without["prefill_tokens"]
+    rate = es(100 * with_cache["hit_rate"], 0)
+    if saved > 0:
+        return (f"Con caché de prefijos, el {rate} % de los tokens de prompt sale de la caché y el "
+                f"prefill calcula un {es(100 * saved, 0)} % menos de tokens "
+                f"({with_cache['prefill_tokens']} frente a {without['prefill_tokens']}).")
+    return (f"Con caché de prefijos, el {rate} % de los tokens de prompt sale de la caché y el "
+            f"prefill no calcula menos tokens ({with_cache['prefill_tokens']} frente a "
+            f"{without['prefill_tokens']}).")
+
+
+def datacenter_comparison(dc: dict) -> str:
+    """The simulated H100 case: how the throughput gain compares with the concurrency gain."""
+    c, p = dc["contiguous"], dc["paged"]
+    conc, thr = p["peak_batch"] / c["peak_batch"], dc["throughput_ratio"]
+    head = (f"El rendimiento simulado con bloques es {es(thr, 2)} veces el contiguo, y la "
+            f"concurrencia máxima, {es(conc, 2)} veces la contigua")
+    if thr < 1:
+        return head + ": con bloques el rendimiento simulado baja."
+    if thr < conc:
+        return (head + ": la ganancia en rendimiento es menor que en concurrencia porque, con lotes "
+                "grandes, cada paso lee además la caché de todas las peticiones y deja de costar lo "
+                "mismo.")
+    return head + ": la ganancia en rendimiento alcanza la de concurrencia."
+
+
+def datacenter_sentence(dc: dict) -> str:
+    c, p = dc["contiguous"], dc["paged"]
+    return (f"Simulado en una H100 con Llama-3.1-8B: {c['peak_batch']} peticiones a la vez con "
+            f"filas de {dc['max_model_len']} tokens y {p['peak_batch']} con bloques. "
+            + datacenter_comparison(dc))
+
+
+def report(model_name: str, params: dict, frag: dict, sweep: list[dict], prefix: dict,
+           chat: list[dict], eviction: list[dict], dc: dict,
+           claims_: dict[str, claims.Claim] | None = None) -> dict:
+    """The contract's body from the lab's measurements (``fragmentation_study``,
+    ``block_size_sweep``, ``prefix_timing_study``, ``chat_study``, ``eviction_study``,
+    ``datacenter``). ``claims_``: the notebook's own ``verdicts(frag, prefix)`` (computed here
+    when not given), so the page and its contract carry the same claims."""
+    v = claims_ if claims_ is not None else verdicts(frag, prefix)
+    contiguous, paged = frag["contiguous"], frag["paged"]
+    max_len, rows, bs = params["max_model_len"], params["kv_rows"], params["block_size"]
     g24 = worked_examples()["gpu24_7b"]
+    n_pairs = len(frag["timing"]["paged_tok_s"])
 
     def layout(r):
         return {k: r[k] for k in ("steps", "mean_utilization", "peak_batch", "mean_batch",
                                   "num_preemptions", "output_tokens")}
 
+    def median(xs):
+        return float(np.median(xs))
+
+    ft, pt = frag["timing"], prefix["timing"]
     results = {
-        "model": {"name": cfg.name, "max_model_len": max_len, "kv_tokens": rows * max_len},
+        "model": {"name": model_name, "max_model_len": max_len, "kv_tokens": rows * max_len},
         "fragmentation": {"contiguous": layout(contiguous), "paged": layout(paged),
-                          "block_size": bs, "outputs_identical": same,
-                          "final_lengths_mean": float(np.mean(final))},
-        "fragmentation_timing": {"contiguous_tok_s": contiguous["output_tokens"] / contiguous["wall_s"],
-                                 "paged_tok_s": paged["output_tokens"] / paged["wall_s"]},
+                          "block_size": bs, "outputs_identical": frag["outputs_identical"],
+                          "repeats_identical": frag["repeats_identical"],
+                          "final_lengths_mean": float(np.mean(frag["final_lengths"]))},
+        "fragmentation_timing": {**{k: claims.as_inputs(x) for k, x in ft.items()},
+                                 "contiguous_tok_s_median": median(ft["contiguous_tok_s"]),
+                                 "paged_tok_s_median": median(ft["paged_tok_s"]),
+                                 "throughput_ratio": v["throughput"].value,
+                                 "step_time_ratio": v["step_time"].value},
         "block_size_sweep": sweep,
-        "prefix": {k: {"hit_tokens": d["hit_tokens"], "prefill_tokens": d["prefill_tokens"],
-                       "prompt_tokens": d["prompt_tokens"], "hit_rate": d["hit_rate"]}
-                   for k, d in (("with_cache", with_cache), ("without_cache", without))},
-        "prefix_timing": {"ttft_mean_s_with": with_cache["ttft_mean_s"],
-                          "ttft_mean_s_without": without["ttft_mean_s"]},
+        "prefix": {**{k: prefix[k] for k in ("with_cache", "without_cache")},
+                   "repeats_identical": prefix["repeats_identical"]},
+        "prefix_timing": {**{k: claims.as_inputs(x) for k, x in pt.items()},
+                          "ttft_ratio": v["ttft"].value},
         "chat": chat,
         "eviction": eviction,
         "datacenter": dc,
         "gpu24_example": {"static_slots": g24.static_slots, "on_demand_sequences": g24.on_demand_sequences},
     }
     waste_c, waste_p = 1 - contiguous["mean_utilization"], 1 - paged["mean_utilization"]
-    saved = 1 - with_cache["prefill_tokens"] / without["prefill_tokens"]
-    speed = results["fragmentation_timing"]["paged_tok_s"] / results["fragmentation_timing"]["contiguous_tok_s"]
     evidence = [
         _ev(f"Con la misma memoria de caché ({rows * max_len} tokens), la reserva contigua deja vacío "
             f"el {es(100 * waste_c, 0)} % de lo reservado de media y los bloques de {bs} tokens el "
             f"{es(100 * waste_p, 1)} %.", waste_c, "fracción"),
         _ev(f"Caben a la vez {contiguous['peak_batch']} peticiones con filas contiguas y hasta "
-            f"{paged['peak_batch']} con bloques.", paged["peak_batch"], "peticiones"),
-        _ev(f"Con bloques el motor genera {es(speed, 2)} veces los tokens/s de la reserva contigua "
-            f"en {cfg.name}.", speed, "x", "measured", True),
-        _ev(f"Las dos disposiciones generan los mismos tokens: {'sí' if same else 'no'}.", same, "bool"),
-        _ev(f"Con caché de prefijos, {es(100 * with_cache['hit_rate'], 0)} % de los tokens de prompt "
-            f"salen de la caché y el prefill calcula un {es(100 * saved, 0)} % menos de tokens.",
-            with_cache["hit_rate"], "fracción"),
-        _ev(f"TTFT medio con caché de prefijos: {es(1e3 * with_cache['ttft_mean_s'], 1)} ms; sin ella: "
-            f"{es(1e3 * without['ttft_mean_s'], 1)} ms.", with_cache["ttft_mean_s"], "s", "measured", True),
-        _ev(f"Simulado en una H100 con Llama-3.1-8B: {dc['contiguous']['peak_batch']} peticiones a la "
-            f"vez con filas de {dc['max_model_len']} tokens y {dc['paged']['peak_batch']} con bloques; "
-            f"{es(dc['throughput_ratio'], 2)} veces el rendimiento.", dc["throughput_ratio"], "x"),
+            f"{paged['peak_batch']} con bloques; la carga termina en {contiguous['steps']} y "
+            f"{paged['steps']} pasos.", paged["peak_batch"], "peticiones"),
+        v["throughput"].evidence("x"),
+        v["step_time"].evidence("x"),
+        _ev(same_tokens_sentence(frag["outputs_identical"]), frag["outputs_identical"], "bool"),
+        _ev(prefix_sentence(prefix["with_cache"], prefix["without_cache"]),
+            prefix["with_cache"]["hit_rate"], "fracción"),
+        v["ttft"].evidence("x"),
+        _ev(datacenter_sentence(dc), dc["throughput_ratio"], "x"),
     ]
     limitations = [
-        f"El modelo medido ({cfg.name}) es pequeño; la memoria de caché se fija en filas de "
+        f"El modelo medido ({model_name}) es pequeño; la memoria de caché se fija en filas de "
         "max_model_len, no sale de una GPU llena.",
         "La atención paginada de referencia copia los bloques de cada petición en cada capa "
         "(gather); un kernel real los lee en su sitio.",
         "La caché de prefijos solo reutiliza bloques llenos; el último token del prompt siempre se "
         "calcula.",
         datasheet_sim_limitation(),
-        timing_limitation(1),
+        timing_limitation(n_pairs),
+        threads_limitation(params.get("torch_threads", 0)),
     ]
-    return {"environment": {"model": cfg.name}, "results": results, "evidence": evidence,
+    return {"environment": {"model": model_name}, "results": results, "evidence": evidence,
             "limitations": limitations,
             "volatile_fields": ["results.fragmentation_timing", "results.prefix_timing"]}
+
+
+def check_params(params: dict, config) -> None:
+    """Spanish errors for parameters the model cannot serve."""
+    max_len = params["max_model_len"]
+    if max_len > config.max_position_embeddings:
+        raise LabParamError(f"max_model_len={max_len} supera las {config.max_position_embeddings} "
+                            f"posiciones de {config.name}")
+    if params["prompt_len"] >= max_len:
+        raise LabParamError(f"prompt_len={params['prompt_len']} debe ser menor que max_model_len={max_len}")
+
+
+def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
+    model = load_model(params["model"], seed, device)
+    cfg = model.config
+    check_params(params, cfg)
+    repeats = params["timing_repeats"]
+    items = varied_workload(params["num_requests"], params["prompt_len"], params["mean_output"],
+                            params["max_model_len"] - params["prompt_len"], cfg.vocab_size, seed)
+    frag = fragmentation_study(model, params, items, repeats)
+    sweep = block_size_sweep(frag["final_lengths"], params["block_sizes"])
+    prefix = prefix_timing_study(model, params, seed, repeats)
+    chat = chat_study(model, params, seed)
+    eviction = eviction_study(cfg, params, seed)
+    dc = datacenter(params, seed)
+    return report(cfg.name, params, frag, sweep, prefix, chat, eviction, dc)
 
 
 SPEC = LabSpec(
@@ -261,6 +432,10 @@ SPEC = LabSpec(
         "model": Param("tiny-es", str, "modelo servido", choices=MODELS),
         "num_requests": Param(64, int, "peticiones de la carga", min=2, max=10_000,
                               by_profile={"ci": 32}),
+        "timing_repeats": Param(5, int, "pares intercalados cronometrados (contigua/bloques y "
+                                "con/sin caché de prefijos)", min=1, max=100, by_profile={"ci": 3}),
+        "torch_threads": Param(0, int, "hilos de torch mientras se miden los tiempos (0: los que "
+                               "elija torch)", min=0, max=256, by_profile={"ci": 1}),
         "prompt_len": Param(64, int, "longitud máxima de prompt (se sortea de 4 a este valor)",
                             min=4, max=4096),
         "mean_output": Param(48, float, "media de la exponencial de salidas", min=1, max=10_000),
