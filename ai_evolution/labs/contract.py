@@ -108,5 +108,7 @@ def datasheet_sim_limitation() -> str:
 def timing_limitation(repeats: int) -> str:
     """The limitation every lab that times things must state."""
     what = "una sola medición" if repeats == 1 else f"la mediana de {repeats} repeticiones"
-    return (f"Cada tiempo es {what} en una máquina compartida; "
-            "diferencias menores que ~15 % entre ejecuciones no son significativas.")
+    return (f"Cada tiempo es {what} en una máquina compartida: otra ejecución, o la misma máquina "
+            "con otra carga, da otros números. Las conclusiones que comparan tiempos las decide el "
+            "intervalo de cada comparación (no concluyente si contiene la igualdad), no una sola "
+            "medida.")
