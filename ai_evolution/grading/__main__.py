@@ -1,9 +1,15 @@
-"""CLI: ``python -m ai_evolution.grading --lab KIND FOLDER [--out DIR] [--timeout S] [--jobs N]``.
+"""CLI: ``python -m ai_evolution.grading --lab KIND FOLDER [--out DIR] [--timeout S] [--jobs N]
+[--shard i/n]`` and ``python -m ai_evolution.grading merge OUT PART [PART...]``.
 
 Grades every ``*.ipynb`` directly inside FOLDER (one per student; the student id is the file
-name without extension) and writes ``OUT/gradebook.csv``, ``OUT/feedback/<id>.md`` and
-``OUT/executed/<id>.ipynb``. Exit code 0 when grading completed, whatever the students scored;
-2 for a usage error (unknown lab, missing folder).
+name without extension), or with ``--shard i/n`` the deterministic subset ``i`` of ``n``, and
+writes ``OUT/gradebook.csv``, ``OUT/feedback/<id>.md`` and ``OUT/executed/<id>.ipynb``.
+``merge`` joins the outputs of the shards into OUT. Exit code 0 when grading (or merging)
+completed, whatever the students scored; 2 for a usage error (unknown lab, missing folder,
+bad shard, gradebooks that do not match).
+
+The process makes itself a child subreaper (Linux), so whatever a submission leaves behind
+after detaching from its process tree is re-parented here and killed.
 """
 
 from __future__ import annotations
@@ -12,11 +18,31 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import DEFAULTS, grade_folder
+from . import DEFAULTS, grade_folder, merge_outputs, parse_shard
 from .assessment import AssessmentError, available_kinds
+from .sandbox import set_subreaper
+
+
+def merge_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ai_evolution.grading merge",
+                                     description="Une los libros de notas de varios fragmentos.")
+    parser.add_argument("out", type=Path, help="carpeta de salida")
+    parser.add_argument("parts", type=Path, nargs="+",
+                        help="carpetas de salida de los fragmentos (o sus gradebook.csv)")
+    args = parser.parse_args(argv)
+    try:
+        n = merge_outputs(args.parts, args.out)
+    except (OSError, ValueError, StopIteration) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{n} estudiantes; libro de notas: {args.out / 'gradebook.csv'}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["merge"]:
+        return merge_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m ai_evolution.grading",
                                      description="Corrector automático de los laboratorios.")
     parser.add_argument("folder", type=Path, help="carpeta con un cuaderno .ipynb por estudiante")
@@ -34,8 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--assessments", type=Path, default=None,
                         help="carpeta de evaluaciones (por defecto assessments/ del repositorio)")
     parser.add_argument("--keep-scratch", action="store_true",
-                        help="no borrar las copias de trabajo (para depurar)")
+                        help="no borrar los registros de ejecución (para depurar)")
+    parser.add_argument("--shard", default=None,
+                        help="corregir solo el fragmento i de n (i/n, por ejemplo 2/8)")
     args = parser.parse_args(argv)
+    try:
+        shard = parse_shard(args.shard) if args.shard else None
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if not args.folder.is_dir():
         print(f"error: {args.folder} no es una carpeta", file=sys.stderr)
         return 2
@@ -43,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         grades = grade_folder(args.lab, args.folder, out=args.out, timeout_s=args.timeout,
                               cell_timeout_s=args.cell_timeout, memory_mb=args.memory_mb,
                               jobs=args.jobs, seed=args.seed, assessments_dir=args.assessments,
-                              keep_scratch=args.keep_scratch, log=sys.stderr)
+                              keep_scratch=args.keep_scratch, log=sys.stderr, shard=shard)
     except (AssessmentError, ValueError) as err:
         kinds = ", ".join(available_kinds(args.assessments))
         print(f"error: {err} (laboratorios con evaluación: {kinds})", file=sys.stderr)
@@ -54,4 +87,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    set_subreaper()
     sys.exit(main())

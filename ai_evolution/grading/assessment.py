@@ -63,6 +63,8 @@ class Criterion:
     name: str | None = None
     reference: str | None = None
     measurement_keys: tuple[str, ...] = ()
+    delegates: tuple[str, ...] = ()   # other library objects that do the exercise's work
+    methods: tuple[str, ...] = ()     # for a class exercise: the methods the student writes
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,9 @@ def load_assessment(folder: str | Path) -> Assessment:
     lab_folder = default_assessments_dir().parent / get_spec(kind).folder
     criteria = tuple(Criterion(id=c["id"], points=c["points"], type=c["type"], title=c["title"],
                                name=c.get("name"), reference=c.get("reference"),
-                               measurement_keys=tuple(c.get("measurement_keys", ())))
+                               measurement_keys=tuple(c.get("measurement_keys", ())),
+                               delegates=tuple(c.get("delegates", ())),
+                               methods=tuple(c.get("methods", ())))
                      for c in raw["criteria"])
     manual = tuple(ManualItem(m["id"], m["points"], m["title"]) for m in raw.get("manual", []))
     ids = [c.id for c in criteria] + [m.id for m in manual]
@@ -192,7 +196,11 @@ def load_assessment(folder: str | Path) -> Assessment:
                 raise AssessmentError(f"{path}: el criterio {c.id!r} necesita name y reference")
             if not callable(getattr(assessment.hidden_module, c.id, None)):
                 raise AssessmentError(f"{folder / 'hidden_checks.py'} no define {c.id}()")
-            resolve_reference(c.reference)
+            for ref in (c.reference, *c.delegates):
+                resolve_reference(ref)
+            if isinstance(resolve_reference(c.reference), type) and not c.methods:
+                raise AssessmentError(f"{path}: el criterio {c.id!r} es una clase y necesita "
+                                      "methods (los métodos que escribe el estudiante)")
     return assessment
 
 

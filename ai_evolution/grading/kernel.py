@@ -1,36 +1,25 @@
-"""The grading cell: runs inside the student's kernel, after the student's last cell.
+"""Grading logic on a namespace: the public and hidden checks of each function criterion.
 
-The autograder appends one cell to every submitted notebook::
-
-    from ai_evolution.grading.kernel import grading_cell
-    grading_cell(globals(), {...job...})
-
-``grading_cell`` calls :func:`grade_namespace` on the kernel's globals and writes the result as
-JSON to a file outside the notebook's working folder, after every criterion (a notebook that
-kills its kernel during grading keeps what was already graded). The tests call
-:func:`grade_namespace` directly with a plain dict, without a kernel.
+It runs in the checker process (:mod:`.checker`), never in the student's kernel, on a namespace
+rebuilt from the submitted notebook (:mod:`.rebuild`). The tests call :func:`grade_namespace`
+directly with a plain dict.
 
 For each criterion of type ``function``: the name is looked up in the namespace (missing: zero,
 with the reason), the other graded names are bound to the library's references while it is
 checked, and its stages (the public self-check, then the hidden ones) run in order, each under a
-time limit (``SIGALRM``), stopping at the first failure. The contract is exported as JSON; the
-grader's own process validates and scores it (nothing the kernel reports about the contract is
-trusted).
+time limit (``SIGALRM``), stopping at the first failure.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
 import re
 import signal
 import threading
-import traceback
 from contextlib import contextmanager
 from typing import Any, Callable
 
-from .assessment import Assessment, Criterion, load_assessment, resolve_reference
+from .assessment import Assessment, Criterion, resolve_reference
 
 RESULT_VERSION = 1
 DEFAULT_STAGE_LIMIT_S = 120.0
@@ -69,16 +58,22 @@ def _time_limit(seconds: float | None):
 
 @contextmanager
 def _references_for_others(ns: dict, assessment: Assessment, graded: Criterion):
-    """Bind every other graded name to the library's reference while ``graded`` is checked."""
+    """Bind every other graded name to the library's reference while ``graded`` is checked
+    (also when the notebook does not define it: a missing exercise costs only its own points)."""
+    missing = object()
     saved = {}
     for c in assessment.functions:
-        if c.name != graded.name and c.name in ns:
-            saved[c.name] = ns[c.name]
+        if c.name != graded.name:
+            saved[c.name] = ns.get(c.name, missing)
             ns[c.name] = resolve_reference(c.reference)
     try:
         yield
     finally:
-        ns.update(saved)
+        for name, value in saved.items():
+            if value is missing:
+                ns.pop(name, None)
+            else:
+                ns[name] = value
 
 
 def _outcome(passed: bool, message: str, stage: str | None = None, cases: int = 0) -> dict:
@@ -180,35 +175,3 @@ def grade_namespace(ns: dict, assessment: Assessment, seed: int,
     if on_progress:
         on_progress(result)
     return result
-
-
-def _write_json(path: str, data: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)  # even if the notebook deleted it
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, ensure_ascii=False, allow_nan=True,
-                  default=lambda o: None if isinstance(o, float) and not math.isfinite(o) else str(o))
-    os.replace(tmp, path)
-
-
-def grading_cell(ns: dict, job: dict) -> None:
-    """Entry point of the injected cell. ``job``: assessment (folder), seed, result (path),
-    stage_limit_s. Never raises: an internal failure is written to the result file."""
-    path = job["result"]
-    last: dict = {}
-
-    def progress(result: dict) -> None:
-        last.update(json.loads(json.dumps(result, allow_nan=True, default=str)))
-        _write_json(path, last)
-
-    try:
-        assessment = load_assessment(job["assessment"])
-        result = grade_namespace(ns, assessment, int(job["seed"]), job.get("stage_limit_s"),
-                                 on_progress=progress)
-        passed = sum(r["passed"] for r in result["functions"].values())
-        print(f"Corrector automático: {passed} de {len(result['functions'])} ejercicios correctos; "
-              f"contrato {'exportado' if result['contract'] is not None else 'ausente'}.")
-    except BaseException as err:  # noqa: BLE001 - the grader must always get an answer
-        _write_json(path, {"version": RESULT_VERSION, "functions": {}, **last, "complete": False,
-                           "internal_error": f"{type(err).__name__}: {err}\n"
-                                             f"{traceback.format_exc(limit=5)}"})

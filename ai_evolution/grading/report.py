@@ -13,6 +13,12 @@ from pathlib import Path
 from .assessment import Assessment
 from .score import Grade
 
+ISOLATION_ES = {
+    "bwrap": "bubblewrap: procesos, red y archivos propios; la biblioteca, de solo lectura",
+    "session": "una sesión de procesos propia, sin bubblewrap: límites de tiempo y memoria, pero "
+               "el cuaderno podía leer los archivos del usuario que corrige",
+}
+
 STATUS_ES = {
     "ok": "corregido sin incidencias",
     "error": "alguna celda lanzó una excepción",
@@ -37,11 +43,11 @@ def gradebook_csv(grades: list[Grade], assessment: Assessment) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["student_id", *[c.id for c in assessment.criteria], "total", "max_total",
-                     "status", "reason"])
+                     "status", "reason", "isolation"])
     for g in sorted(grades, key=lambda g: g.student_id):
         by_id = {s.id: s for s in g.scores}
         writer.writerow([g.student_id, *[points(by_id[c.id].earned) for c in assessment.criteria],
-                         points(g.total), points(g.max_total), g.status, g.reason])
+                         points(g.total), points(g.max_total), g.status, g.reason, g.isolation])
     return buf.getvalue()
 
 
@@ -50,7 +56,8 @@ def feedback_md(g: Grade, assessment: Assessment, seed: int) -> str:
              f"- Laboratorio: `{assessment.kind}` (semilla {seed}, perfil `ci`)",
              f"- Archivo entregado: `{g.source}`",
              f"- Puntuación automática: **{points_es(g.total)} de {points_es(g.max_total)}**",
-             f"- Estado: `{g.status}` ({STATUS_ES.get(g.status, g.status)})"]
+             f"- Estado: `{g.status}` ({STATUS_ES.get(g.status, g.status)})",
+             f"- Aislamiento: `{g.isolation}` ({ISOLATION_ES.get(g.isolation, g.isolation)})"]
     if g.reason:
         lines.append(f"- Motivo: {g.reason}")
     ok = [s for s in g.scores if s.passed]
@@ -74,8 +81,10 @@ def feedback_md(g: Grade, assessment: Assessment, seed: int) -> str:
               for m in g.manual]
     if g.flags:
         lines += ["", "## Señales para quien corrige", "",
-                  "Líneas que tocan el corrector o la biblioteca. No restan puntos por sí mismas; "
-                  "conviene leerlas antes de dar por buena la nota automática.", ""]
+                  "Líneas que tocan el corrector, la biblioteca o el kernel, y ejercicios que "
+                  "delegan en la biblioteca. Las líneas por sí solas no restan puntos (lo que "
+                  "resta ya está en la nota, con su motivo); conviene leerlas antes de dar por "
+                  "buena la nota automática.", ""]
         lines += [f"- {f}" for f in g.flags]
     return "\n".join(lines) + "\n"
 

@@ -1,29 +1,35 @@
-"""Run one submitted notebook in its own processes, in a scratch folder, within limits.
+"""Run untrusted code (a submitted notebook, or its exercise functions) in processes of its own.
 
 Process tree of one submission::
 
     grader (this process)
-      └─ worker: ``python -m ai_evolution.grading.worker JOB.json``  (new session; sets its
-         own rlimits, which the kernel inherits; runs papermill)
-           └─ kernel (ipykernel, started by papermill/nbclient in its own session)
+      ├─ [bwrap] worker: ``python -m ai_evolution.grading.worker``   (job on stdin, the executed
+      │    │              notebook back on a private copy of its stdout)
+      │    └─ kernel (ipykernel, started by papermill), which runs the notebook
+      └─ [bwrap] checker: ``python -m ai_evolution.grading.checker`` (see ``checker``), after
+                 the worker, with the exercise statements rebuilt from the submitted file
 
-Limits and what each one produces:
+Isolation (:func:`isolation`): where ``bwrap`` (bubblewrap) works, each process runs in its own
+PID, network, IPC and UTS namespaces, with the library, the virtual environment and the Python
+installation read-only, a scratch folder of its own as the only writable path (plus a private
+``/tmp``), and ``--die-with-parent``: the notebook cannot see other submissions, the hidden
+checks, the grader's outputs or any process outside the sandbox, and nothing it starts survives
+it. Elsewhere the processes run in a session of their own (``"session"``): the limits below
+still hold, but a notebook can read and write whatever the grading user can.
 
-- wall clock (``timeout_s``, whole submission): the grader kills every process of the tree
-  (each process and its process group; the tree is sampled every poll, so a kernel that has
-  left the worker's session is still found) -> status ``timeout``, every criterion 0;
-- per cell (``cell_timeout_s``): nbclient interrupts the kernel (``KeyboardInterrupt`` in the
-  cell) and execution goes on with the next cell, so a loop in one cell costs that cell only;
-- memory: ``RLIMIT_AS`` of ``memory_mb`` on the worker and the kernel (an allocation beyond it
-  raises ``MemoryError`` in the cell), and the grader also kills the tree if the resident memory
-  of all its processes together passes ``memory_mb`` -> status ``memory``;
-- files: the notebook's working folder is a scratch copy of the lab's folder (without its
-  notebooks); the result, the executed notebook and the log live in another scratch tree;
-  ``RLIMIT_FSIZE`` caps any single file it writes; ``HOME`` and ``TMPDIR`` point into the scratch.
+Trust: nothing the kernel writes is read as a result. The worker returns the executed notebook
+through a copy of its stdout that no child inherits, after execution; the worker makes itself
+non-dumpable, so the kernel cannot open that descriptor through ``/proc``. From that notebook
+the grader reads only the errors of each cell and the contract the last (grader's) cell prints,
+both validated in the grader. The exercise functions are graded by the checker from the
+submitted file, not from the kernel.
 
-This is a fence against mistakes (an exception, a loop, a runaway allocation, a stray
-``os.remove``), not a security sandbox: a notebook can still read or write any path the user
-running the grader can. Grade untrusted submissions inside a container.
+Limits: wall clock for the whole notebook (``timeout_s``: the tree is killed), per cell
+(``cell_timeout_s``: nbclient interrupts the cell and goes on), memory (``RLIMIT_AS`` on every
+process, and the resident memory of the whole tree), file size (``RLIMIT_FSIZE``). Everything
+the run started is killed when it ends: the process tree (sampled every poll), any process
+that carries the run's token in its environment, and (where the grader is a child subreaper,
+as the CLI is) any orphan re-parented to the grader.
 """
 
 from __future__ import annotations
@@ -31,52 +37,161 @@ from __future__ import annotations
 import json
 import os
 import resource
+import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 GRADING_TAG = "ai-evolution-grading"
 CELL_KEY = "ai_evolution_cell"  # cell metadata: 1-based index among the submission's code cells
+TOKEN_ENV = "AI_EVOLUTION_GRADING_RUN"
 FSIZE_LIMIT_BYTES = 512 * 2**20
+CONTRACT_MARKER = "@@ai-evolution-contract@@"
 _MEMORY_WORDS = ("can't allocate memory", "cannot allocate memory", "out of memory",
                  "not enough memory", "bad_alloc")
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = PACKAGE_DIR.parent
+
+EXPORT_CELL = f"""# Celda añadida por el corrector automático (ai_evolution.grading): exporta el contrato.
+def _ai_evolution_export(ns):
+    import json
+    out = {{"seed": repr(ns.get("seed")), "profile": repr(ns.get("profile"))}}
+    if "contract" not in ns:
+        out["error"] = "missing"
+    elif not isinstance(ns["contract"], dict):
+        out["error"] = "type:" + type(ns["contract"]).__name__
+    else:
+        def reject(obj):
+            raise TypeError(type(obj).__name__ + " no es serializable en JSON")
+        try:
+            out["contract"] = json.dumps(ns["contract"], default=reject, allow_nan=True)
+        except (TypeError, ValueError, RecursionError) as err:
+            out["error"] = "json:" + str(err)
+    print("\\n{CONTRACT_MARKER}" + json.dumps(out))
+_ai_evolution_export(globals())
+"""
 
 
 @dataclass
 class RunInfo:
-    """What happened when one notebook ran (the grader's view; nothing here comes from the
-    student's kernel except the result file's content)."""
+    """What happened when one notebook ran (the grader's view)."""
 
     status: str = "ok"            # ok | error | timeout | memory | invalid | crashed
     reason: str = ""
-    errors: list[dict] = field(default_factory=list)  # {"cell", "ename", "evalue"}
-    result: dict | None = None    # the grading cell's JSON, if it was written
-    executed: Path | None = None  # the executed notebook, if any
+    errors: list[dict] = field(default_factory=list)  # {"cell", "snippet", "ename", "evalue"}
+    contract: dict | None = None  # the contract the export cell printed, parsed here
+    contract_error: str | None = None
+    exported: bool = False        # the export cell printed its line
+    kernel_seed: str | None = None     # repr() of `seed` / `profile` in the kernel at the end
+    kernel_profile: str | None = None
+    executed: dict | None = None  # the executed notebook (JSON), if the worker returned it
+    isolation: str = "session"
+    removed_cells: list[int] = field(default_factory=list)  # cells tagged injected-parameters
 
 
-def prepare(nb_path: Path, job: dict) -> "object":
-    """Read a submission, number its cells, clear outputs, append the grading cell."""
+# --- isolation -----------------------------------------------------------------------------------
+
+def _bwrap_base(writable: list[Path], readonly: list[Path]) -> list[str]:
+    cmd = ["bwrap", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for path in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys"):
+        cmd += ["--ro-bind-try", path, path]
+    prefixes = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(),
+                Path(sys.executable).resolve().parent.parent}
+    for path in sorted({*prefixes, PACKAGE_DIR, *readonly}):
+        cmd += ["--ro-bind", str(path), str(path)]
+    for path in writable:
+        cmd += ["--bind", str(path), str(path)]
+    cmd += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    return cmd
+
+
+@lru_cache(maxsize=1)
+def _bwrap_works() -> bool:
+    if os.environ.get("AI_EVOLUTION_NO_BWRAP") or not shutil.which("bwrap") or \
+            not sys.platform.startswith("linux"):
+        return False
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            done = subprocess.run(_bwrap_base([Path(tmp)], []) +
+                                  ["--", sys.executable, "-c", "import ai_evolution, os; "
+                                   "print(os.getpid())"], capture_output=True, text=True,
+                                  timeout=60, env=_base_env(Path(tmp), "probe"))
+        return done.returncode == 0 and done.stdout.strip() != ""
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def isolation() -> str:
+    """``"bwrap"`` where bubblewrap works on this machine, else ``"session"``."""
+    return "bwrap" if _bwrap_works() else "session"
+
+
+def _base_env(scratch: Path, token: str) -> dict:
+    home = scratch / "home"
+    env = {k: v for k, v in os.environ.items()
+           if k in ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "SYSTEMROOT")}
+    env.update({
+        "AI_EVOLUTION_PROFILE": "ci", "CUDA_VISIBLE_DEVICES": "", "MPLBACKEND": "Agg",
+        "PYTHONHASHSEED": "0", "HOME": str(home), "TMPDIR": str(home / "tmp"),
+        "MPLCONFIGDIR": str(home / "mplconfig"), "MALLOC_ARENA_MAX": "2",
+        "PYTHONPATH": str(PACKAGE_ROOT), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        TOKEN_ENV: token,
+    })
+    env.setdefault("PATH", "/usr/bin:/bin")
+    return env
+
+
+def command(module: str, scratch: Path, isolated: str, readonly: list[Path] = ()) -> list[str]:
+    """``python -m module``, inside bubblewrap when ``isolated == "bwrap"``."""
+    inner = [sys.executable, "-P", "-m", module]  # -P: the working folder is not on sys.path
+    if isolated != "bwrap":
+        return inner
+    return _bwrap_base([scratch], list(readonly)) + ["--chdir", str(scratch / "work"), "--"] + inner
+
+
+def new_scratch() -> Path:
+    """A scratch folder of one process: ``work/`` (its working directory) and ``home/``."""
+    scratch = Path(tempfile.mkdtemp(prefix="ai-evolution-"))
+    for sub in ("work", "home/tmp", "home/runtime", "home/mplconfig"):
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+    return scratch
+
+
+# --- preparing the notebook ----------------------------------------------------------------------
+
+def prepare(nb):
+    """Number the submission's code cells, clear outputs, drop any cell tagged
+    ``injected-parameters`` (papermill would put the injected values there instead of after
+    the ``parameters`` cell) and append the export cell. Returns (notebook, removed cells)."""
     import nbformat
 
-    nb = nbformat.read(str(nb_path), as_version=4)
     nb.cells = [c for c in nb.cells if GRADING_TAG not in c.get("metadata", {}).get("tags", [])]
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    for i, cell in enumerate(code, start=1):
-        cell.setdefault("metadata", {})[CELL_KEY] = i
-        cell.outputs, cell.execution_count = [], None
-    source = ("# Celda añadida por el corrector automático (ai_evolution.grading).\n"
-              "from ai_evolution.grading.kernel import grading_cell as _ai_evolution_grade\n"
-              f"_ai_evolution_grade(globals(), {job!r})\n")
-    cell = nbformat.v4.new_code_cell(source)
+    kept, removed, n = [], [], 0
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            n += 1
+            cell.setdefault("metadata", {})[CELL_KEY] = n
+            cell.outputs, cell.execution_count = [], None
+            if "injected-parameters" in cell.metadata.get("tags", []):
+                removed.append(n)
+                continue
+        kept.append(cell)
+    nb.cells = kept
+    cell = nbformat.v4.new_code_cell(EXPORT_CELL)
     cell.metadata["tags"] = ["raises-exception", GRADING_TAG]
     nb.cells.append(cell)
-    nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3",
-                                          "language": "python"})
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
     nb.metadata.setdefault("language_info", {"name": "python"})
-    return nb
+    return nb, removed
 
 
 def cell_errors(nb) -> list[dict]:
@@ -89,8 +204,26 @@ def cell_errors(nb) -> list[dict]:
         for o in cell.get("outputs", []):
             if o.get("output_type") == "error":
                 out.append({"cell": meta.get(CELL_KEY), "snippet": snippet(cell.source),
-                            "ename": o.get("ename", ""), "evalue": o.get("evalue", "")})
+                            "ename": str(o.get("ename", "")), "evalue": str(o.get("evalue", ""))})
     return out
+
+
+def export_output(nb) -> dict | None:
+    """What the export cell printed (the last marker line of the grader's cell), or None."""
+    for cell in reversed(nb.cells):
+        if GRADING_TAG not in cell.get("metadata", {}).get("tags", []):
+            continue
+        text = "".join(str(o.get("text", "")) for o in cell.get("outputs", [])
+                       if o.get("output_type") == "stream" and o.get("name") == "stdout")
+        lines = [ln for ln in text.splitlines() if ln.startswith(CONTRACT_MARKER)]
+        if not lines:
+            return None
+        try:
+            data = json.loads(lines[-1][len(CONTRACT_MARKER):])
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+    return None
 
 
 def snippet(source: str) -> str:
@@ -112,9 +245,9 @@ def is_memory_error(ename: str, evalue: str) -> bool:
         any(w in evalue.lower() for w in _MEMORY_WORDS)
 
 
-# --- the worker ----------------------------------------------------------------------------------
+# --- the worker (runs in the sandbox) ------------------------------------------------------------
 
-def _set_limits(memory_mb: int) -> None:
+def set_limits(memory_mb: int) -> None:
     limit = memory_mb * 2**20
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard == resource.RLIM_INFINITY or hard > limit:
@@ -122,61 +255,130 @@ def _set_limits(memory_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT_BYTES, FSIZE_LIMIT_BYTES))
 
 
-def worker_main(job_path: str) -> int:
-    """Execute one prepared job; always writes ``run.json`` next to the job file."""
-    job = json.loads(Path(job_path).read_text(encoding="utf-8"))
-    out = Path(job["out"])
-    run = {"crash": None, "errors": [], "invalid": None}
-
-    def save():
-        (out / "run.json").write_text(json.dumps(run, ensure_ascii=False), encoding="utf-8")
-
-    save()
+def private_stdout() -> int:
+    """A copy of stdout that no child inherits; fd 1 then points at stderr (the log). The
+    process also becomes non-dumpable, so a child cannot reopen the copy through /proc."""
+    fd = os.dup(1)  # non-inheritable by default
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     try:
-        nb = prepare(Path(job["notebook"]), job["cell_job"])
-    except Exception as err:  # noqa: BLE001 - not a notebook
-        run["invalid"] = f"{type(err).__name__}: {err}"
-        save()
-        return 0
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    except Exception:  # noqa: BLE001 - not Linux
+        pass
+    return fd
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def worker_main() -> int:
+    """Execute the notebook of the job read from stdin; write one JSON answer, at the end, to
+    the private stdout: {"crash", "errors", "executed"}."""
+    job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    out = private_stdout()
     import nbformat
     import papermill
 
-    prepared = out / "prepared.ipynb"
-    nbformat.write(nb, str(prepared))
-    executed = out / "executed.ipynb"
-    _set_limits(job["memory_mb"])
+    import papermill.execute
+
+    # Errors are read from the cells' outputs; papermill would raise them instead of returning
+    # the executed notebook (it has no output file here: nothing the kernel could rewrite).
+    papermill.execute.raise_for_execution_errors = lambda nb, output_path: None
+    nb = nbformat.reads(job["notebook"], as_version=4)
+    answer: dict = {"crash": None, "errors": [], "executed": None}
+    set_limits(job["memory_mb"])
+    executed = None
     try:
-        papermill.execute_notebook(
-            str(prepared), str(executed), parameters={"seed": job["seed"], "profile": "ci"},
-            cwd=job["work"], kernel_name="python3", language="python", progress_bar=False,
-            allow_errors=True, interrupt_on_timeout=True, execution_timeout=job["cell_timeout_s"],
-            start_timeout=120)
+        executed = papermill.execute_notebook(
+            nb, None, parameters={"seed": job["seed"], "profile": "ci"}, cwd=job["work"],
+            kernel_name="python3", language="python", progress_bar=False, allow_errors=True,
+            interrupt_on_timeout=True, execution_timeout=job["cell_timeout_s"], start_timeout=120)
     except papermill.PapermillExecutionError:
-        pass  # errors stay in the cells' outputs; they are read below
+        pass  # errors stay in the cells' outputs
     except BaseException as err:  # noqa: BLE001 - dead kernel, kernel that did not start, ...
-        run["crash"] = f"{type(err).__name__}: {err}"
-    if executed.is_file():
-        try:
-            run["errors"] = cell_errors(nbformat.read(str(executed), as_version=4))
-        except Exception as err:  # noqa: BLE001
-            run["crash"] = run["crash"] or f"{type(err).__name__}: {err}"
-    save()
+        answer["crash"] = f"{type(err).__name__}: {err}"
+    if executed is not None:
+        answer["errors"] = cell_errors(executed)
+        answer["executed"] = nbformat.writes(executed)
+    write_all(out, json.dumps(answer, ensure_ascii=False).encode("utf-8"))
+    os.close(out)
     return 0
 
 
-# --- the grader's side ---------------------------------------------------------------------------
+# --- process control (the grader's side) ---------------------------------------------------------
 
-def _tree(proc_pid: int) -> list:
+def enable_subreaper() -> bool:
+    """Make this process a child subreaper: orphans of anything it started become its children
+    (and :func:`sweep_orphans` can kill them). Linux only; False elsewhere."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except Exception:  # noqa: BLE001
+        return False
+
+
+_SUBREAPER = False
+_LIVE_LOCK = threading.Lock()
+_LIVE: set[int] = set()  # pids of the workers and checkers this process is running now
+
+
+def set_subreaper() -> None:
+    global _SUBREAPER
+    _SUBREAPER = enable_subreaper()
+
+
+def sweep_orphans() -> None:
+    """Kill and reap every child of this (subreaper) process that is not a worker or checker it
+    is running now: in the CLI those can only be orphans a submission left behind."""
+    if not _SUBREAPER:
+        return
+    import psutil
+
+    with _LIVE_LOCK:
+        for child in psutil.Process().children():
+            if child.pid in _LIVE:
+                continue
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+            try:
+                os.waitpid(child.pid, 0)
+            except (ChildProcessError, OSError):
+                pass
+
+
+def _tree(pid: int) -> list:
     import psutil
 
     try:
-        root = psutil.Process(proc_pid)
+        root = psutil.Process(pid)
         return [root] + root.children(recursive=True)
     except psutil.Error:
         return []
 
 
-def _kill(processes) -> None:
+def _with_token(token: str) -> list:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(TOKEN_ENV) == token:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def kill_all(processes) -> None:
     import psutil
 
     own = os.getpgid(0)
@@ -185,7 +387,7 @@ def _kill(processes) -> None:
             pgid = os.getpgid(p.pid)
             if pgid != own:
                 os.killpg(pgid, 9)
-        except (ProcessLookupError, PermissionError):
+        except (ProcessLookupError, PermissionError, OSError):
             pass
         try:
             p.kill()
@@ -205,100 +407,171 @@ def _rss(processes) -> int:
     return total
 
 
-def run_submission(nb_path: Path, scratch: Path, sid: str, assessment, seed: int,
-                   timeout_s: float, cell_timeout_s: float, memory_mb: int,
-                   stage_limit_s: float) -> RunInfo:
-    """Run ``nb_path`` in ``scratch/work/SID`` (a copy of the lab's folder); the job, the log and
-    the outputs go to ``scratch/out/SID``, a separate tree."""
+@dataclass
+class Finished:
+    stdout: bytes
+    killed: str | None      # None | "timeout" | "memory"
+    returncode: int | None
+
+
+def run_untrusted(cmd: list[str], job: bytes, scratch: Path, timeout_s: float, memory_mb: int,
+                  log_path: Path, on_line=None, stop=None) -> Finished:
+    """Run ``cmd`` (a worker or checker) with ``job`` on stdin; collect its stdout; kill it
+    and everything it started at the deadline, past the memory bound, or when ``stop()`` says
+    so; then kill whatever it left behind. ``on_line(bytes)`` sees each stdout line as it comes."""
     import psutil
 
-    work, out, home = scratch / "work" / sid, scratch / "out" / sid, scratch / "home" / sid
-    # The lab's own files (lab.py), not its notebooks: the solution is not handed to the kernel.
-    shutil.copytree(assessment.lab_folder, work,
-                    ignore=shutil.ignore_patterns("notebook_*", ".ipynb_checkpoints", "__pycache__"))
-    out.mkdir(parents=True)
-    (home / "tmp").mkdir(parents=True)
-    cell_job = {"assessment": str(assessment.folder), "seed": seed,
-                "result": str(out / "result.json"), "stage_limit_s": stage_limit_s}
-    job = {"notebook": str(nb_path.resolve()), "work": str(work), "out": str(out), "seed": seed,
-           "cell_timeout_s": cell_timeout_s, "memory_mb": memory_mb, "cell_job": cell_job}
-    job_path = out / "job.json"
-    job_path.write_text(json.dumps(job, ensure_ascii=False), encoding="utf-8")
+    token = secrets.token_hex(16)
+    env = _base_env(scratch, token)
+    if memory_mb:
+        env["AI_EVOLUTION_MEMORY_MB"] = str(memory_mb)
+    chunks: list[bytes] = []
+    killed = None
+    with open(log_path, "ab") as log:
+        with _LIVE_LOCK:  # a concurrent sweep must not take it for an orphan
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=log, cwd=scratch / "work", env=env,
+                                    start_new_session=True)
+            _LIVE.add(proc.pid)
 
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env.update({
-        "AI_EVOLUTION_PROFILE": "ci", "CUDA_VISIBLE_DEVICES": "", "MPLBACKEND": "Agg",
-        "PYTHONHASHSEED": "0", "HOME": str(home), "TMPDIR": str(home / "tmp"),
-        "MPLCONFIGDIR": str(scratch / "mplconfig"), "MALLOC_ARENA_MAX": "2",
-        "PYTHONPATH": os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p),
-        "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-    })
-    info = RunInfo()
-    with open(out / "worker.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "ai_evolution.grading.worker",
-                                 str(job_path)], cwd=out, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        def feed():
+            try:
+                proc.stdin.write(job)
+                proc.stdin.close()
+            except OSError:
+                pass
+
+        def read():
+            for line in iter(proc.stdout.readline, b""):
+                chunks.append(line)
+                if on_line is not None:
+                    on_line(line)
+
+        threads = [threading.Thread(target=feed, daemon=True),
+                   threading.Thread(target=read, daemon=True)]
+        for t in threads:
+            t.start()
         deadline = time.monotonic() + timeout_s
         seen: dict[int, psutil.Process] = {}
-        killed = None
-        while proc.poll() is None:
-            tree = _tree(proc.pid)
-            for p in tree:
-                seen.setdefault(p.pid, p)
-            if time.monotonic() > deadline:
-                killed = "timeout"
-            elif _rss(tree) > memory_mb * 2**20:
-                killed = "memory"
-            if killed:
-                _kill(tree)
-                break
-            time.sleep(0.25)
-        proc.wait()
-        # Anything the run left behind (a kernel whose worker died, a student's subprocess).
-        _kill([p for p in seen.values() if p.is_running()])
-    if killed == "timeout":
-        info.status = "timeout"
-        info.reason = (f"superó el límite de {timeout_s:g} s para todo el cuaderno y se detuvo; "
-                       "no se pudo corregir nada.")
-    elif killed == "memory":
-        info.status = "memory"
-        info.reason = (f"superó el límite de {memory_mb} MiB de memoria y se detuvo; no se pudo "
-                       "corregir nada.")
-    _read_outputs(out, info, killed is not None, cell_timeout_s, memory_mb)
+        try:
+            while proc.poll() is None:
+                tree = _tree(proc.pid)
+                for p in tree:
+                    seen.setdefault(p.pid, p)
+                if time.monotonic() > deadline or (stop is not None and stop()):
+                    killed = "timeout"
+                elif memory_mb and _rss(tree) > memory_mb * 2**20:
+                    killed = "memory"
+                if killed:
+                    kill_all(tree)
+                    break
+                time.sleep(0.2)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            threads[1].join(timeout=10)
+        finally:
+            # Anything the run left behind: its tree, its token, orphans re-parented here.
+            for _ in range(3):
+                left = [p for p in seen.values() if p.is_running()] + _with_token(token)
+                if not left:
+                    break
+                kill_all(left)
+                time.sleep(0.05)
+            with _LIVE_LOCK:
+                _LIVE.discard(proc.pid)
+            sweep_orphans()
+    return Finished(b"".join(chunks), killed, proc.returncode)
+
+
+def run_notebook(data: bytes, assessment, seed: int, timeout_s: float, cell_timeout_s: float,
+                 memory_mb: int, log_dir: Path) -> RunInfo:
+    """Execute one submission (the bytes the grader read before grading anyone) in a fresh
+    scratch copy of the lab's folder (without its notebooks), isolated; return what the
+    grader saw."""
+    import nbformat
+
+    info = RunInfo(isolation=isolation())
+    try:
+        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+        nb, info.removed_cells = prepare(nb)
+        text = nbformat.writes(nb)
+    except Exception as err:  # noqa: BLE001 - not a notebook
+        from .kernel import clean
+
+        info.status = "invalid"
+        info.reason = f"el archivo no es un cuaderno de Jupyter legible ({clean(err, 200)})."
+        return info
+    scratch = new_scratch()
+    try:
+        work = scratch / "work"
+        shutil.rmtree(work)
+        # The lab's own files (lab.py), not its notebooks: the solution is not handed over.
+        shutil.copytree(assessment.lab_folder, work, ignore=shutil.ignore_patterns(
+            "notebook_*", ".ipynb_checkpoints", "__pycache__"))
+        job = {"notebook": text, "work": str(work), "seed": seed,
+               "cell_timeout_s": cell_timeout_s, "memory_mb": memory_mb}
+        cmd = command("ai_evolution.grading.worker", scratch, info.isolation)
+        done = run_untrusted(cmd, json.dumps(job).encode("utf-8"), scratch, timeout_s, memory_mb,
+                             log_dir / "worker.log")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _read_answer(done, info, timeout_s, cell_timeout_s, memory_mb)
     return info
 
 
-def _read_outputs(out: Path, info: RunInfo, killed: bool, cell_timeout_s: float,
-                  memory_mb: int) -> None:
-    result_path = out / "result.json"
-    if result_path.is_file() and not killed:
-        try:
-            info.result = json.loads(result_path.read_text(encoding="utf-8"))
-        except (ValueError, OSError):
-            info.result = None
-    if (out / "executed.ipynb").is_file():
-        info.executed = out / "executed.ipynb"
-    if killed:
-        return
-    try:
-        run = json.loads((out / "run.json").read_text(encoding="utf-8"))
-    except (ValueError, OSError):
-        run = {"crash": "el proceso de ejecución terminó sin informe", "errors": [],
-               "invalid": None}
+def _read_answer(done: Finished, info: RunInfo, timeout_s: float, cell_timeout_s: float,
+                 memory_mb: int) -> None:
+    import nbformat
+
     from .kernel import clean
 
-    info.errors = [{**e, "evalue": clean(e["evalue"], 300)} for e in run["errors"]]
-    if run.get("invalid"):
-        info.status, info.reason = "invalid", \
-            f"el archivo no es un cuaderno de Jupyter legible ({clean(run['invalid'], 200)})."
+    if done.killed == "timeout":
+        info.status = "timeout"
+        info.reason = (f"superó el límite de {timeout_s:g} s para todo el cuaderno y se detuvo; "
+                       "los ejercicios se corrigieron aparte, pero el contrato y el reto se "
+                       "pierden.")
         return
+    if done.killed == "memory":
+        info.status = "memory"
+        info.reason = (f"superó el límite de {memory_mb} MiB de memoria y se detuvo; los "
+                       "ejercicios se corrigieron aparte, pero el contrato y el reto se pierden.")
+        return
+    try:
+        answer = json.loads(done.stdout.decode("utf-8"))
+        executed = nbformat.reads(answer["executed"], as_version=4) if answer["executed"] else None
+        crash = answer.get("crash")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        answer, executed, crash = {}, None, None
+        info.status = "crashed"
+        info.reason = ("el proceso que ejecutaba el cuaderno terminó sin dar su informe (¿lo "
+                       "detuvo el propio cuaderno?); los ejercicios se corrigieron aparte.")
+        del err
+        return
+    if executed is not None:
+        info.executed = json.loads(answer["executed"])
+        info.errors = [{**e, "evalue": clean(e["evalue"], 300)} for e in cell_errors(executed)]
+        exported = export_output(executed)
+        if exported is not None:
+            info.exported = True
+            info.kernel_seed, info.kernel_profile = exported.get("seed"), exported.get("profile")
+            if "contract" in exported:
+                try:
+                    info.contract = json.loads(str(exported["contract"]))
+                except ValueError:
+                    info.contract_error = "el contrato exportado no es JSON válido."
+                if info.contract is not None and not isinstance(info.contract, dict):
+                    info.contract, info.contract_error = None, "`contract` debe ser un dict."
+            else:
+                info.contract_error = _export_error(str(exported.get("error", "")))
     first_memory = next((e for e in info.errors if is_memory_error(e["ename"], e["evalue"])), None)
     first_interrupt = next((e for e in info.errors if e["ename"] == "KeyboardInterrupt"), None)
-    if run.get("crash"):
+    if crash:
         info.status = "crashed"
         info.reason = ("el kernel de Python terminó antes de acabar el cuaderno "
-                       f"({clean(run['crash'], 200)}).")
+                       f"({clean(crash, 200)}); los ejercicios se corrigieron aparte.")
     elif first_memory:
         info.status = "memory"
         info.reason = (f"{where(first_memory)} superó el límite de {memory_mb} MiB de memoria "
@@ -314,8 +587,18 @@ def _read_outputs(out: Path, info: RunInfo, killed: bool, cell_timeout_s: float,
             f" (y {extra} {'celda más' if extra == 1 else 'celdas más'} con error)"
         info.status = "error"
         info.reason = f"{where(e)} lanzó {e['ename']}: {clean(e['evalue'], 200)}{more}."
-    if info.result is None and info.status in ("ok", "error"):
+    if not info.exported and info.status in ("ok", "error"):
         info.status = "crashed" if info.status == "ok" else info.status
         info.reason = (info.reason + " " if info.reason else "") + \
-            "La celda de corrección no llegó a escribir su resultado."
+            "La celda que exporta el contrato no llegó a ejecutarse."
 
+
+def _export_error(code: str) -> str:
+    if code == "missing":
+        return ("el cuaderno no definió la variable `contract` (la celda del contrato no se "
+                "ejecutó o falló antes de crearla).")
+    if code.startswith("type:"):
+        return f"`contract` debe ser un dict y es {code[5:]}."
+    if code.startswith("json:"):
+        return f"el contrato no se puede escribir como JSON: {code[5:]}."
+    return "el cuaderno no exportó el contrato."

@@ -1,8 +1,9 @@
-"""Scoring, in the grader's own process: the rubric's automatic part from what a run left.
+"""Scoring, in the grader's own process: the rubric's automatic part.
 
-Function criteria come from the grading cell's result file; ``runs``, ``contract`` and
-``extension`` are decided here, from the run's record and the contract's JSON (the contract is
-validated with the library's schema validator in this process, not in the student's kernel).
+Function criteria come from the checker (:mod:`.checker`), which grades the functions rebuilt
+from the submitted file; ``runs``, ``contract`` and ``extension`` are decided here, from what
+the grader saw of the run (cell errors, the contract the export cell printed) and from the
+submitted file itself (cells that rebind the injected parameters or touch the kernel).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..checks import check_student_extension
 from .assessment import Assessment, Criterion, ManualItem
@@ -23,12 +23,15 @@ from .sandbox import RunInfo
 
 # Lines of a submission worth a human look: code that reaches into the grader or the library.
 SUSPICIOUS = [
-    (re.compile(r"ai_evolution\.grading|_ai_evolution_grade|result\.json"), "menciona el corrector"),
+    (re.compile(r"ai_evolution\.grading|_ai_evolution_|result\.json|job\.json|run\.json|"
+                r"gradebook"), "menciona el corrector"),
     (re.compile(r"\bsys\.modules\b|__builtins__|\bimport builtins\b"), "toca módulos del intérprete"),
     (re.compile(r"^\s*(checks|ai_evolution)(\.\w+)+\s*=(?!=)"), "reasigna algo de la biblioteca"),
     (re.compile(r"\bsetattr\(\s*(checks|ai_evolution)\b"), "reasigna algo de la biblioteca"),
-    (re.compile(r"\bos\._exit\b|\bsignal\.(signal|alarm|setitimer)\b"),
-     "controla el proceso o sus señales"),
+    (re.compile(r"\bos\._exit\b|\bsignal\.(signal|alarm|setitimer)\b|\bos\.(kill|killpg|"
+                r"setsid|fork|getppid)\b|\batexit\b"), "controla el proceso o sus señales"),
+    (re.compile(r"\b(get_ipython|set_custom_exc|showtraceback|excepthook)\b"),
+     "toca el kernel de Jupyter"),
 ]
 
 
@@ -54,6 +57,7 @@ class Grade:
     scores: list[CriterionScore]
     manual: tuple[ManualItem, ...]
     flags: list[str] = field(default_factory=list)
+    isolation: str = "session"
 
     @property
     def total(self) -> float:
@@ -136,74 +140,93 @@ def check_extension(contract: dict | None, criterion: Criterion, assessment: Ass
     return True, "student_extension completa, con las mediciones que pide el reto."
 
 
-def flags_for(executed_or_source: Path | None) -> list[str]:
-    """Lines of the submission that a human should look at (deterministic, in cell order)."""
-    if executed_or_source is None:
+def flags_for(nb, info: RunInfo | None = None) -> list[str]:
+    """Lines of the submission that a human should look at (deterministic, in cell order): every
+    code cell of the submitted file, whatever its tags."""
+    if nb is None:
         return []
-    import nbformat
+    from .rebuild import code_cells
 
-    from .sandbox import CELL_KEY, GRADING_TAG
-
-    try:
-        nb = nbformat.read(str(executed_or_source), as_version=4)
-    except Exception:  # noqa: BLE001
-        return []
     out = []
-    for n, cell in enumerate(nb.cells, start=1):
-        meta = cell.get("metadata", {})
-        if cell.cell_type != "code" or GRADING_TAG in meta.get("tags", []) or \
-                "injected-parameters" in meta.get("tags", []):
-            continue
+    for n, cell in code_cells(nb):
+        tags = cell.get("metadata", {}).get("tags", [])
+        if "injected-parameters" in tags:
+            out.append(f"celda de código {n}: etiquetada `injected-parameters`; el corrector la "
+                       "quitó antes de ejecutar (los parámetros los inyecta él)")
         for line in cell.source.splitlines():
             for pattern, why in SUSPICIOUS:
                 if pattern.search(line):
                     code = clean(line.strip(), 120)
-                    out.append(f"celda de código {meta.get(CELL_KEY, n)}: `{code}` ({why})")
+                    out.append(f"celda de código {n}: `{code}` ({why})")
                     break
     return out
 
 
 def score(student_id: str, source: str, info: RunInfo, assessment: Assessment, seed: int,
-          flags: list[str] | None = None) -> Grade:
-    result = info.result or {}
-    functions = result.get("functions", {})
-    contract = result.get("contract")
-    if info.result is None:
-        not_graded = f"no se pudo corregir: {info.reason or 'el cuaderno no llegó al final.'}"
-    elif result.get("internal_error") and not result.get("complete"):
-        not_graded = "la corrección se interrumpió antes de llegar a este ejercicio."
-    else:
-        not_graded = "la corrección no llegó a este ejercicio."
+          functions: dict | None = None, flags: list[str] | None = None,
+          rebinds: list[str] = (), tampering: list[str] = ()) -> Grade:
+    """The automatic part of the rubric. ``functions``: the checker's outcome per function
+    criterion; ``rebinds``/``tampering``: cells that rebind the injected parameters or touch the
+    kernel (``rebuild.parameter_rebinds``/``kernel_tampering``)."""
+    functions = functions or {}
+    contract = info.contract
     status, reason = info.status, info.reason
+    not_run = f"no se pudo corregir: {reason or 'el cuaderno no llegó al final.'}"
     scores = []
     for c in assessment.criteria:
         if c.type == "runs":
-            ok = info.status == "ok" and not info.errors and bool(result.get("complete")) \
-                and contract is not None
+            ok = status == "ok" and not info.errors and info.exported and contract is not None \
+                and not tampering
             if ok:
                 msg = "el cuaderno se ejecutó de principio a fin sin errores con el perfil 'ci'."
-            elif info.status == "ok" and contract is None and info.result is not None:
+            elif tampering and status == "ok":
+                msg = ("el cuaderno toca el kernel de Jupyter (" + "; ".join(tampering[:2]) +
+                       "): que se ejecutara sin errores no se puede comprobar.")
+            elif status == "ok" and contract is None and info.exported:
                 msg = "se ejecutó sin errores pero no llegó a producir `contract`, su última salida."
             else:
                 msg = reason or "la corrección no se completó."
         elif c.type == "function":
             r = functions.get(c.id)
-            ok, msg = (bool(r["passed"]), r["message"]) if r else (False, not_graded)
+            ok, msg = (bool(r["passed"]), r["message"]) if r else \
+                (False, not_run if status == "invalid" else "la corrección no llegó a este ejercicio.")
         elif c.type == "contract":
-            if info.result is None:
-                ok, msg = False, not_graded
+            if contract is None:
+                ok, msg = False, (f"no hay contrato: {info.contract_error}" if info.contract_error
+                                  else not_run)
             else:
-                ok, msg = check_contract(contract, result.get("contract_error"), assessment, seed)
+                ok, msg = check_contract(contract, None, assessment, seed)
+                if ok:
+                    ok, msg = check_injected(info, rebinds, seed)
         else:  # extension
-            if info.result is None:
-                ok, msg = False, not_graded
+            if contract is None:
+                ok, msg = False, "no hay contrato, así que tampoco student_extension."
             else:
                 ok, msg = check_extension(contract, c, assessment, seed)
+                if ok and rebinds:
+                    ok, msg = False, ("el cuaderno cambió los parámetros inyectados ("
+                                      + "; ".join(rebinds[:2]) + "): las mediciones no son de la "
+                                      "ejecución que pidió el corrector.")
         scores.append(CriterionScore(c.id, c.title, c.points, c.points if ok else 0, clean(msg, 1500)))
-    if result.get("internal_error") and status in ("ok", "error"):
-        first = str(result["internal_error"]).splitlines()[0]
-        status, reason = "crashed", clean(f"la celda de corrección se interrumpió ({first}).", 300)
-    if status == "ok" and info.result is not None and contract is None:
+    if status == "ok" and info.exported and contract is None:
         status = "no_contract"
-        reason = clean(result.get("contract_error") or "el cuaderno no produjo el contrato.", 300)
-    return Grade(student_id, source, status, reason, scores, assessment.manual, flags or [])
+        reason = clean(info.contract_error or "el cuaderno no produjo el contrato.", 300)
+    return Grade(student_id, source, status, reason, scores, assessment.manual, flags or [],
+                 info.isolation)
+
+
+def check_injected(info: RunInfo, rebinds: list[str], seed: int) -> tuple[bool, str]:
+    """The run used the injected parameters: no cell rebinds them, and the kernel ended with
+    them (the export cell reports ``seed`` and ``profile`` as the kernel had them)."""
+    if rebinds:
+        return False, ("el cuaderno vuelve a asignar la semilla o el perfil después de los "
+                       "parámetros inyectados (" + "; ".join(rebinds[:2]) + "): el contrato no "
+                       "es el de la ejecución que pidió el corrector.")
+    if info.kernel_seed is not None and info.kernel_seed != repr(seed):
+        return False, (f"al terminar, el cuaderno tenía seed = {clean(info.kernel_seed, 40)}, no "
+                       f"la semilla inyectada ({seed}).")
+    if info.kernel_profile is not None and info.kernel_profile != repr("ci"):
+        return False, (f"al terminar, el cuaderno tenía profile = "
+                       f"{clean(info.kernel_profile, 40)}, no 'ci'.")
+    return True, (f"contrato válido: semilla {seed} y perfil 'ci' inyectados, con evidencias, "
+                  "limitaciones y student_extension.")

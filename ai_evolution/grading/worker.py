@@ -1,8 +1,8 @@
-"""Worker entry point: ``python -m ai_evolution.grading.worker JOB.json`` (see ``sandbox``)."""
+"""Worker entry point: ``python -m ai_evolution.grading.worker`` (job on stdin; see ``sandbox``)."""
 
 import sys
 
 from .sandbox import worker_main
 
 if __name__ == "__main__":
-    sys.exit(worker_main(sys.argv[1]))
+    sys.exit(worker_main())

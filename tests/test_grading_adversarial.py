@@ -1,0 +1,469 @@
+"""The autograder against dishonest submissions (issue 21): each attack is a small notebook
+built here from lab 2's solution, graded together with honest ones in one CLI run. None
+scores above its honest content, no other student's grade or file changes, and the grader
+always writes a gradebook. Cheap by design: no lab experiment runs; the contract is a
+synthetic one that the notebook builds from its own ``seed`` and ``profile``."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jupytext
+import nbformat
+import psutil
+import pytest
+
+from ai_evolution.grading import (find_assessment, grade_namespace, merge_outputs, parse_shard,
+                                  shard_of, student_ids)
+from ai_evolution.grading.rebuild import delegation, extract, forbidden_for, parameter_rebinds
+from ai_evolution.grading.assessment import resolve_reference
+from ai_evolution.grading.sandbox import isolation
+from ai_evolution.labs import get_spec
+
+from test_grading import good_measurement, synthetic_contract
+
+ROOT = Path(__file__).resolve().parents[1]
+KV = ROOT / "labs" / "02-kv-cache"
+ESCAPE_SECONDS = "4321.5"  # a sleep nobody else runs: the escaped process, if it survived
+
+
+def solution_cells() -> tuple[str, list[str]]:
+    """Lab 2's setup import lines and its four exercise cells (the reference solution)."""
+    cells = [c for c in jupytext.read(KV / "notebook_solution.md").cells if c.cell_type == "code"]
+    params = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
+    setup = cells[params + 1].source
+    imports = "\n".join(line for line in setup.split("\n\n")[0:6] if "import" in line)
+    exercises = [c.source for c in cells[params + 2:]
+                 if "# BEGIN SOLUTION" in c.source and "student_extension" not in c.source]
+    assert len(exercises) == 4
+    return imports, exercises
+
+
+CONTRACT = """import json as _json
+contract = _json.loads({text!r})
+contract["seed"], contract["profile"] = seed, profile
+"""
+
+
+def notebook(*cells: str | tuple[str, list[str]]) -> nbformat.NotebookNode:
+    """A notebook: the parameters cell, then ``cells`` (a source, or (source, tags))."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    p = nbformat.v4.new_code_cell("seed = 0\nprofile = None")
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [p]
+    for cell in cells:
+        source, tags = (cell, []) if isinstance(cell, str) else cell
+        c = nbformat.v4.new_code_cell(source)
+        if tags:
+            c.metadata["tags"] = tags
+        nb.cells.append(c)
+    return nb
+
+
+def honest(*extra: str, exercises: list[str] | None = None, before: tuple = ()) -> nbformat.NotebookNode:
+    imports, solved = solution_cells()
+    contract = synthetic_contract("kv_cache", good_measurement("kv_cache"))
+    setup = imports + "\nfrom ai_evolution.labs import resolve_profile\nprofile = resolve_profile(profile)"
+    return notebook(*before, setup, *(exercises or solved), *extra,
+                    CONTRACT.format(text=json.dumps(contract)))
+
+
+WRONG_KV_BYTES = """def kv_bytes_per_token(config, dtype):
+    return 8 * 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes(dtype)
+"""
+
+PATCH_IN_KERNEL = """import ai_evolution.checks as _c
+import ai_evolution.checks.kv_cache as _kc
+import ai_evolution.grading.kernel as _k
+from ai_evolution.checks import CheckResult
+_c.failed = lambda name, *a, **k: _c.passed(name, 1)
+_kc.failed = _c.failed
+_c.call_student = lambda name, fn, *a, **k: (None, None)
+CheckResult.passed = property(lambda self: True)
+_k.grade_function = lambda *a, **k: {"passed": True, "message": "ok", "stage": None, "cases": 1}
+"""
+
+PATCH_IN_EXERCISE = """def kv_bytes_per_token(config, dtype):
+    import ai_evolution.checks.kv_cache as k
+    k.failed = lambda name, *a, **kw: k.passed(name, 1)
+    return 8 * 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes(dtype)
+"""
+
+FRAME_IN_EXERCISE = """def kv_bytes_per_token(config, dtype):
+    try:
+        raise ValueError
+    except ValueError as err:
+        caller = err.__traceback__.tb_frame.f_back
+    return caller.f_locals.get("expected", 0)
+"""
+
+DELEGATES = ["from ai_evolution.model import kv_bytes_per_token",
+             "from ai_evolution.model.attention import cached_attention as my_cached_attention",
+             "import ai_evolution.timing as _t\ndef fit_growth(n, t):\n    return _t.fit_growth(n, t)",
+             "from ai_evolution.checks.kv_cache import reference_sequences_that_fit as _r\n"
+             "sequences_that_fit = _r"]
+
+REWRITE_RESULTS = """import atexit, glob, os, threading, time
+def _scribble():
+    for pattern in ("/tmp/**/result.json", "/tmp/**/run.json", "/tmp/**/job.json",
+                    "/tmp/**/gradebook.csv", "../**/*.json", os.path.expanduser("~/**/*.json")):
+        for path in glob.glob(pattern, recursive=True):
+            try:
+                with open(path, "w") as fh:
+                    fh.write('{"functions": {}, "passed": true}')
+            except OSError:
+                pass
+threading.Thread(target=lambda: [(_scribble(), time.sleep(0.2)) for _ in range(50)],
+                 daemon=True).start()
+atexit.register(_scribble)
+1 / 0
+"""
+
+NEIGHBOUR = """import glob, os
+found = glob.glob("/tmp/ai-evolution-*/**/*", recursive=True)
+for path in glob.glob({folder!r} + "/*.ipynb") + [p for p in found if p.endswith(".ipynb")]:
+    if "vecino" not in path:
+        try:
+            with open(path, "w") as fh:
+                fh.write("{{}}")
+        except OSError:
+            pass
+for path in glob.glob("/tmp/ai-evolution-*/work/numpy.py") + [os.path.join(p, "numpy.py")
+        for p in glob.glob("/tmp/ai-evolution-*/work")]:
+    try:
+        with open(path, "w") as fh:
+            fh.write("raise ImportError('saboteado')")
+    except OSError:
+        pass
+hidden = glob.glob({assessments!r} + "/**/hidden_checks.py", recursive=True)
+print("ocultas:", len(hidden))
+"""
+
+KILL_WORKER = """import os, signal
+os.kill(os.getppid(), signal.SIGKILL)
+"""
+
+STOP_WORKER = """import os, signal
+os.kill(os.getppid(), signal.SIGSTOP)
+"""
+
+ESCAPE = f"""import os
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execve("/bin/sleep", ["sleep", "{ESCAPE_SECONDS}"], {{}})
+    os._exit(0)
+"""
+
+HIDE_ERRORS = """get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)
+1 / 0
+"""
+
+
+def attack_folder(folder: Path) -> dict[str, int]:
+    """Write the submissions; return the most each may score (its honest content)."""
+    folder.mkdir()
+    imports, solved = solution_cells()
+    subs = {
+        "honesto": (honest(), 13),
+        "importa_referencias": (honest(exercises=DELEGATES), 13 - 9),
+        "parchea_kernel": (honest(PATCH_IN_KERNEL, exercises=[WRONG_KV_BYTES] + solved[1:]), 11),
+        "parchea_ejercicio": (honest(exercises=[PATCH_IN_EXERCISE] + solved[1:]), 11),
+        "marcos": (honest(exercises=[FRAME_IN_EXERCISE] + solved[1:]), 11),
+        # A dummy injected-parameters cell first, then its own parameters: the grader drops
+        # the dummy, papermill injects after the parameters cell: seed stays 0.
+        "celda_inyectada": (honest(before=(("seed = 123\nprofile = 'full'",
+                                            ["injected-parameters"]),)), 13),
+        "reasigna_semilla": (honest("seed = 5"), 13 - 1 - 2),
+        "reescribe": (honest(REWRITE_RESULTS), 13 - 1),
+        "mata_worker": (honest("1 / 0", KILL_WORKER), 9),
+        "para_worker": (honest(STOP_WORKER), 9),
+        "escapa": (honest(ESCAPE), 13),
+        "oculta_errores": (honest(HIDE_ERRORS), 13 - 1),
+    }
+    if isolation() == "bwrap":  # in a session of its own a notebook can write the user's files
+        subs["vecino"] = (honest(NEIGHBOUR.format(folder=str(folder),
+                                                  assessments=str(ROOT / "assessments"))), 13)
+    for sid, (nb, _) in subs.items():
+        nbformat.write(nb, folder / f"{sid}.ipynb")
+    return {sid: most for sid, (_, most) in subs.items()}
+
+
+def rows(gradebook: Path) -> dict[str, dict]:
+    with open(gradebook, newline="", encoding="utf-8") as fh:
+        return {r["student_id"]: r for r in csv.DictReader(fh)}
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    """Every attack and the honest notebook, graded once by the CLI (--jobs 2)."""
+    base = tmp_path_factory.mktemp("ataques")
+    folder = base / "entregas"
+    most = attack_folder(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    out = base / "notas"
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "ai_evolution.grading", "--lab", "kv_cache",
+                           str(folder), "--out", str(out), "--timeout", "45", "--cell-timeout",
+                           "20", "--memory-mb", "4096", "--jobs", "2"],
+                          capture_output=True, text=True, timeout=900)
+    elapsed = time.monotonic() - start
+    time.sleep(1)
+    survivors = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+                 if ESCAPE_SECONDS in " ".join(p.info["cmdline"] or [])]
+    return {"done": done, "out": out, "folder": folder, "most": most, "before": before,
+            "elapsed": elapsed, "survivors": survivors}
+
+
+def test_the_grader_writes_a_gradebook_and_survives_every_attack(attacked):
+    done = attacked["done"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    book = rows(attacked["out"] / "gradebook.csv")
+    assert sorted(book) == sorted(attacked["most"])
+    assert not attacked["survivors"], attacked["survivors"]  # the escaped process was killed
+    assert {r["isolation"] for r in book.values()} == {isolation()}
+    # 13 notebooks of ~10 s each on two workers, one of them stopped until its 45 s limit.
+    assert attacked["elapsed"] < 400
+
+
+def test_no_attack_scores_above_its_honest_content(attacked):
+    book = rows(attacked["out"] / "gradebook.csv")
+    for sid, most in attacked["most"].items():
+        assert float(book[sid]["total"]) <= most, (sid, book[sid])
+    # ...and the honest parts of each attack still count (one mistake costs one criterion).
+    assert book["honesto"]["total"] == "13" and book["honesto"]["status"] == "ok"
+    for sid in ("parchea_kernel", "parchea_ejercicio", "marcos", "reasigna_semilla", "reescribe",
+                "mata_worker", "para_worker", "oculta_errores", "importa_referencias"):
+        assert float(book[sid]["total"]) == attacked["most"][sid], (sid, book[sid])
+
+
+def test_each_attack_loses_the_right_criteria_with_a_reason(attacked):
+    out = attacked["out"]
+    book = rows(out / "gradebook.csv")
+    feedback = {sid: (out / "feedback" / f"{sid}.md").read_text(encoding="utf-8") for sid in book}
+    refs = book["importa_referencias"]
+    assert [refs[c] for c in ("kv_bytes_per_token", "cached_attention", "fit_growth",
+                              "sequences_that_fit")] == ["0"] * 4
+    assert feedback["importa_referencias"].count("delega en la biblioteca") == 6  # 3 + 3 flags
+    # The fourth imports from ai_evolution.checks: that import never runs in the checker.
+    assert "reference_sequences_that_fit" not in feedback["importa_referencias"] or \
+        "no se encontró `sequences_that_fit`" in feedback["importa_referencias"]
+    assert book["parchea_kernel"]["kv_bytes_per_token"] == "0"
+    assert "ai_evolution.grading" in feedback["parchea_kernel"]  # flagged for a human
+    assert book["parchea_ejercicio"]["kv_bytes_per_token"] == "0"
+    assert "parte del corrector" in feedback["parchea_ejercicio"]
+    assert book["marcos"]["kv_bytes_per_token"] == "0" and "__traceback__" in feedback["marcos"]
+    assert book["celda_inyectada"]["contract"] == "1"  # the injected seed 0 won
+    assert "injected-parameters" in feedback["celda_inyectada"]
+    seed = book["reasigna_semilla"]
+    assert (seed["contract"], seed["extension"]) == ("0", "0") and "`seed`" in feedback["reasigna_semilla"]
+    assert book["reescribe"]["runs"] == "0" and book["reescribe"]["status"] == "error"
+    killed = book["mata_worker"]
+    assert killed["status"] == "crashed" and killed["runs"] == "0" and killed["contract"] == "0"
+    stopped = book["para_worker"]
+    assert stopped["status"] == "timeout" and "45 s" in stopped["reason"]
+    hidden = book["oculta_errores"]
+    assert hidden["runs"] == "0" and "set_custom_exc" in feedback["oculta_errores"]
+
+
+def test_no_other_students_file_or_grade_changes(attacked):
+    folder, out = attacked["folder"], attacked["out"]
+    book = rows(out / "gradebook.csv")
+    assert book["honesto"]["total"] == "13"
+    if isolation() == "bwrap":  # in a session of its own a notebook can write the user's files
+        assert book["vecino"]["total"] == "13"
+        after = {p.name: p.read_bytes() for p in folder.iterdir()}
+        assert after == attacked["before"]
+        executed = (out / "executed" / "vecino.ipynb").read_text(encoding="utf-8")
+        assert "ocultas: 0" in executed
+
+
+# --- fast, in-process: the static parts ------------------------------------------------------------
+
+def test_delegation_is_found_by_identity_alias_wrapper_and_partial():
+    a = find_assessment("kv_cache")
+    crit = next(c for c in a.functions if c.id == "fit_growth")
+    forbidden = forbidden_for(crit, resolve_reference)
+    ref = resolve_reference(crit.reference)
+    import functools
+
+    def built(source):
+        nb = notebook(source)
+        ns = {"__name__": "entrega", "np": __import__("numpy")}
+        for stmt in extract(nb, {"np"}).statements:
+            exec(compile(stmt.source, f"<celda {stmt.cell}>", "exec"), ns)  # noqa: S102
+        return ns["fit_growth"]
+
+    assert delegation(ref, forbidden) and delegation(functools.partial(ref), forbidden)
+    assert delegation(built("from ai_evolution.claims import fit_growth"), forbidden)
+    assert delegation(built("from ai_evolution import timing\ndef fit_growth(n, t):\n"
+                            "    return timing.fit_growth(n, t)"), forbidden)
+    assert delegation(built("from ai_evolution.timing import fit_growth as f\n_g = f\n"
+                            "def _h(n, t):\n    return _g(n, t)\n"
+                            "def fit_growth(n, t):\n    return _h(n, t)"), forbidden)
+    # A call the checker does not run (not a definition): the plain def is what gets graded...
+    plain = built("def fit_growth(n, t, _f=None):\n    return _f(n, t)\n"
+                  "import functools as _ft\nfrom ai_evolution.timing import fit_growth as _r\n"
+                  "fit_growth = _ft.partial(fit_growth, _f=_r)")
+    assert not isinstance(plain, functools.partial) and delegation(plain, forbidden) is None
+    # ...and a partial that carries the reference as an argument delegates.
+    assert delegation(functools.partial(plain, _f=ref), forbidden)
+    _, solved = solution_cells()
+    assert delegation(built(solved[2]), forbidden) is None  # the real solution is its own code
+
+
+def test_a_class_exercise_may_subclass_the_library_but_must_write_its_methods():
+    a = find_assessment("paged_attention")
+    crit = next(c for c in a.functions if c.id == "block_pool")
+    forbidden = forbidden_for(crit, resolve_reference)
+    from ai_evolution.engine import BlockPool
+
+    def cls(body):
+        ns = {"__name__": "entrega", "BlockPool": BlockPool}
+        exec(compile(f"class MiPool(BlockPool):\n{body}", "<celda 1>", "exec"), ns)  # noqa: S102
+        return ns["MiPool"]
+
+    mine = cls("    def allocate(self, n):\n        return None\n"
+               "    def free(self, blocks):\n        pass\n")
+    assert delegation(mine, forbidden, crit.methods) is None
+    assert "no define `free`" in delegation(cls("    def allocate(self, n):\n        return None\n"),
+                                            forbidden, crit.methods)
+    lazy = cls("    def allocate(self, n):\n        return super().allocate(n)\n"
+               "    def free(self, blocks):\n        pass\n")
+    assert "super" in delegation(lazy, forbidden, crit.methods)
+    named = cls("    def allocate(self, n):\n        return BlockPool.allocate(self, n)\n"
+                "    def free(self, blocks):\n        pass\n")
+    assert "BlockPool.allocate" in delegation(named, forbidden, crit.methods)
+    assert delegation(BlockPool, forbidden, crit.methods)
+
+
+def test_the_screen_keeps_definitions_and_refuses_what_could_reach_the_grader():
+    nb = notebook("import numpy as np\nx = np.zeros(3)\nprint(x)\nLIMIT = 2 ** 10\n"
+                  "def f(a):\n    return np.sum(a) * LIMIT",
+                  "import os\ndef g():\n    return os.getpid()",  # g runs, without os
+                  "def h(fn):\n    return fn.__globals__",
+                  "def k(path):\n    return open(path).read()",
+                  "import numpy as np\ndef m(a):\n    np.allclose = lambda *x, **y: True\n    return a",
+                  "def n(block):\n    block.ref_cnt -= 1\n    return block._free",
+                  "%matplotlib inline\nimport math")
+    found = extract(nb, set())
+    kept = {n for s in found.statements for n in s.defines}
+    refused = {n: r.reason for r in found.rejected for n in r.defines}
+    assert {"np", "LIMIT", "f", "g", "n", "math"} <= kept and "x" not in kept
+    assert set(refused) == {"os", "h", "k", "m"}
+    assert "__globals__" in refused["h"] and "open" in refused["k"]
+    assert "np.allclose" in refused["m"]
+
+
+def test_rebinding_the_injected_parameters_is_found():
+    assert parameter_rebinds(notebook("from ai_evolution.labs import resolve_profile\n"
+                                      "profile = resolve_profile(profile)",
+                                      "for k in range(3):\n    print(seed + k)",
+                                      "def f(seed):\n    return seed")) == []
+    found = parameter_rebinds(notebook("x = 1", "seed = 7", "def f():\n    global profile\n"
+                                       "    profile = 'full'", "globals()['seed'] = 3",
+                                       "for seed in range(2):\n    pass"))
+    assert [f.split(":")[0] for f in found] == ["celda de código 3", "celda de código 4",
+                                                "celda de código 5", "celda de código 6"]
+
+
+def test_the_checks_logic_is_unchanged_for_the_graded_names(one_thread):
+    # grade_namespace (what the checker runs) still gives the solution full marks.
+    a = find_assessment("kv_cache")
+    imports, solved = solution_cells()
+    ns: dict = {"seed": 0, "profile": "ci", "__name__": "entrega"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(imports, ns)  # noqa: S102
+        for source in solved:
+            exec(source, ns)  # noqa: S102
+        result = grade_namespace(ns, a, 0)
+    assert all(r["passed"] for r in result["functions"].values()), result
+
+
+# --- scale-out ------------------------------------------------------------------------------------
+
+def test_shards_partition_the_students_deterministically():
+    ids = [f"estudiante_{i:03d}" for i in range(200)]
+    parts = [{sid for sid in ids if shard_of(sid, 4) == i} for i in range(1, 5)]
+    assert set().union(*parts) == set(ids) and sum(map(len, parts)) == len(ids)
+    assert all(30 <= len(p) <= 70 for p in parts)
+    assert [shard_of(sid, 4) for sid in ids] == [shard_of(sid, 4) for sid in ids]
+    assert parse_shard("2/8") == (2, 8)
+    for bad in ("0/3", "4/3", "a/b", "3"):
+        with pytest.raises(ValueError):
+            parse_shard(bad)
+
+
+def test_merge_joins_shards_into_the_gradebook_of_one_run(tmp_path):
+    header = "student_id,runs,total,max_total,status,reason,isolation\n"
+    one, two = tmp_path / "uno", tmp_path / "dos"
+    for folder, lines in ((one, ["b,1,1,1,ok,,bwrap\n"]), (two, ["a,0,0,1,error,\"x, y\",bwrap\n",
+                                                                  "c,1,1,1,ok,,bwrap\n"])):
+        (folder / "feedback").mkdir(parents=True)
+        (folder / "gradebook.csv").write_text(header + "".join(lines), encoding="utf-8")
+        for line in lines:
+            (folder / "feedback" / f"{line[0]}.md").write_text(line, encoding="utf-8")
+    merged = tmp_path / "todo"
+    done = subprocess.run([sys.executable, "-m", "ai_evolution.grading", "merge", str(merged),
+                           str(one), str(two)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (merged / "gradebook.csv").read_text(encoding="utf-8") == \
+        header + "a,0,0,1,error,\"x, y\",bwrap\nb,1,1,1,ok,,bwrap\nc,1,1,1,ok,,bwrap\n"
+    assert sorted(p.name for p in (merged / "feedback").iterdir()) == ["a.md", "b.md", "c.md"]
+    with pytest.raises(ValueError, match="dos libros"):
+        merge_outputs([one, one], tmp_path / "doble")
+    (two / "gradebook.csv").write_text("student_id,otra\n", encoding="utf-8")
+    bad = subprocess.run([sys.executable, "-m", "ai_evolution.grading", "merge",
+                          str(tmp_path / "mal"), str(one), str(two)], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "columnas" in bad.stderr
+
+
+def test_a_shard_grades_only_its_students(tmp_path):
+    folder = tmp_path / "entregas"
+    folder.mkdir()
+    names = [f"e{i}" for i in range(6)]
+    for name in names:
+        (folder / f"{name}.ipynb").write_text("no es un cuaderno", encoding="utf-8")  # cheap
+    mine = sorted(sid for sid, _ in student_ids(list(folder.glob("*.ipynb")))
+                  if shard_of(sid, 3) == 2)
+    done = subprocess.run([sys.executable, "-m", "ai_evolution.grading", "--lab", "kv_cache",
+                           str(folder), "--out", str(tmp_path / "notas"), "--shard", "2/3"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(rows(tmp_path / "notas" / "gradebook.csv")) == mine
+    assert subprocess.run([sys.executable, "-m", "ai_evolution.grading", "--lab", "kv_cache",
+                           str(folder), "--shard", "4/3"], capture_output=True,
+                          timeout=120).returncode == 2
+
+
+# --- every lab's solution, rebuilt from its notebook, passes in the checker -----------------------
+
+@pytest.mark.parametrize("kind", ["roofline", "kv_cache", "continuous_batching",
+                                  "paged_attention", "scheduler", "observability"])
+def test_each_lab_solution_rebuilt_in_the_checker_gets_every_function_point(kind, tmp_path):
+    """The screen accepts the solutions' exercise cells, the lab's setup imports are enough to
+    rebuild them, no delegation is seen and the integrity check finds nothing (~5 s a lab)."""
+    import ast
+
+    from ai_evolution.grading import setup_lines
+    from ai_evolution.grading.checker import check_functions
+
+    a = find_assessment(kind)
+    setup = list(setup_lines(a.lab_folder))
+    names = {n for line in setup for stmt in ast.parse(line).body
+             for n in [x.asname or x.name.split(".")[0] for x in stmt.names]}
+    nb = nbformat.read(a.lab_folder / "notebook_solution.ipynb", as_version=4)
+    results, flags = check_functions(a, 0, extract(nb, names), 120, 4096, tmp_path, setup)
+    assert {cid: r["passed"] for cid, r in results.items()} == \
+        {c.id: True for c in a.functions}, results
+    assert flags == []
