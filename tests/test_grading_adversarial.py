@@ -467,3 +467,40 @@ def test_each_lab_solution_rebuilt_in_the_checker_gets_every_function_point(kind
     assert {cid: r["passed"] for cid, r in results.items()} == \
         {c.id: True for c in a.functions}, results
     assert flags == []
+
+
+@pytest.mark.skipif(isolation() != "bwrap", reason="bubblewrap (bwrap) no está disponible")
+def test_the_bwrap_sandbox_sees_only_the_library_and_its_own_scratch():
+    from ai_evolution.grading.sandbox import _base_env, command, new_scratch
+
+    script = f"""import json, os, socket, ai_evolution
+def writable(path):
+    try:
+        with open(os.path.join(path, "x.txt"), "w") as fh:
+            fh.write("x")
+        return True
+    except OSError:
+        return False
+print(json.dumps({{
+    "assessments": os.path.exists({str(ROOT / "assessments")!r}),
+    "tests": os.path.exists({str(ROOT / "tests")!r}),
+    "library": os.path.exists(os.path.dirname(ai_evolution.__file__)),
+    "library_writable": writable(os.path.dirname(ai_evolution.__file__)),
+    "scratch_writable": writable("."),
+    "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "interfaces": sorted(name for _, name in socket.if_nameindex()),
+}}))
+"""
+    scratch = new_scratch()
+    try:
+        cmd = command("ai_evolution.grading.worker", scratch, "bwrap")
+        cmd = cmd[:cmd.index("--") + 1] + [sys.executable, "-c", script]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                              env=_base_env(scratch, "prueba"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["library"] and seen["scratch_writable"]
+    assert not (seen["assessments"] or seen["tests"] or seen["library_writable"])
+    assert len(seen["pids"]) <= 3 and seen["interfaces"] == ["lo"]
