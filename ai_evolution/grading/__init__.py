@@ -158,6 +158,11 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
         shutil.rmtree(out / name, ignore_errors=True)
     (out / "executed").mkdir(parents=True, exist_ok=True)
     setup_lines(assessment.lab_folder)  # a broken lab fails here, before any student
+    from .sandbox import isolation
+
+    used = isolation()  # probed once, before any submission runs (and any orphan sweep)
+    if log is not None:
+        print(f"aislamiento: {used}", file=log, flush=True)
 
     def job(item: tuple[int, tuple[str, Path]]) -> Grade:
         n, (sid, path) = item
