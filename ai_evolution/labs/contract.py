@@ -112,3 +112,13 @@ def timing_limitation(repeats: int) -> str:
             "con otra carga, da otros números. Las conclusiones que comparan tiempos las decide el "
             "intervalo de cada comparación (no concluyente si contiene la igualdad), no una sola "
             "medida.")
+
+
+def threads_limitation(threads: int) -> str:
+    """How many torch threads the timings ran with, and why (the labs' ``torch_threads``)."""
+    if not threads:
+        return ("Los tiempos se miden con los hilos que elige torch; en una máquina compartida, un "
+                "hilo que espera a un núcleo ocupado añade ruido.")
+    return (f"Los tiempos se miden con {threads} {'hilo' if threads == 1 else 'hilos'} de torch, no "
+            "con los que torch elegiría: en una máquina compartida es lo más estable, y no es el "
+            "mejor tiempo posible del motor.")

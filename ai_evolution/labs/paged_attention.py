@@ -32,20 +32,11 @@ from ..metrics import summarize
 from ..model import get_preset, kv_bytes_per_token
 from ..sim import RooflineCostModel, SimExecutor
 from ..timing import torch_threads
-from .contract import datasheet_sim_limitation, evidence as _ev, timing_limitation
+from .contract import (datasheet_sim_limitation, evidence as _ev, threads_limitation,
+                       timing_limitation)
 from .continuous_batching import MODELS, load_model
 from .kv_cache import worked_examples
 from .registry import LabParamError, LabSpec, Param
-
-
-def threads_limitation(threads: int) -> str:
-    """How many torch threads the timings ran with, and why (the labs' ``torch_threads``)."""
-    if not threads:
-        return ("Los tiempos se miden con los hilos que elige torch; en una máquina compartida, un "
-                "hilo que espera a un núcleo ocupado añade ruido.")
-    return (f"Los tiempos se miden con {threads} {'hilo' if threads == 1 else 'hilos'} de torch, no "
-            "con los que torch elegiría: en una máquina compartida es lo más estable, y no es el "
-            "mejor tiempo posible del motor.")
 
 
 def varied_workload(num_requests: int, prompt_len: int, mean_output: float, cap: int,

@@ -28,9 +28,10 @@ from ..metrics import percentile, summarize
 from ..model import get_preset
 from ..sim import RooflineCostModel, SimExecutor
 from ..timing import torch_threads
-from .contract import datasheet_sim_limitation, evidence as _ev, timing_limitation
+from .contract import (datasheet_sim_limitation, evidence as _ev, threads_limitation,
+                       timing_limitation)
 from .continuous_batching import MODELS, load_model
-from .paged_attention import threads_limitation, varied_workload
+from .paged_attention import varied_workload
 from .registry import LabParamError, LabSpec, Param
 
 

@@ -182,17 +182,45 @@ def departure_batch(batch_sizes: Sequence[int], measured_s: Sequence[float],
     return None
 
 
+def _nonneg_two(design: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Least squares ``y ~ design @ (a, b)`` with ``a, b >= 0`` (two columns: try the free
+    solution, then each column alone, then nothing; keep the best feasible one)."""
+    best, best_res = (0.0, 0.0), float((y**2).sum())
+    candidates = [((0, 1), torch.linalg.lstsq(design, y).solution)]
+    for col in (0, 1):
+        x = design[:, col]
+        denom = float((x * x).sum())
+        coef = float((x * y).sum()) / denom if denom > 0 else 0.0
+        full = torch.zeros(2, dtype=design.dtype)
+        full[col] = coef
+        candidates.append(((col,), full))
+    for _, coef in candidates:
+        a, b = float(coef[0]), float(coef[1])
+        if a < 0 or b < 0:
+            continue
+        res = float(((design @ torch.tensor([a, b], dtype=design.dtype) - y) ** 2).sum())
+        if res < best_res:
+            best, best_res = (a, b), res
+    return best
+
+
 def fit_cost_model(costs: Sequence[StepCost], measured_s: Sequence[float],
-                   bandwidth_bytes_per_s: float, name: str = "calibrated") -> RooflineCostModel:
+                   bandwidth_bytes_per_s: float, name: str = "calibrated",
+                   errors: str = "relative") -> RooflineCostModel:
     """Fit an *effective* ``peak`` and the two overheads to measured steps, bandwidth fixed.
 
     For each candidate peak on a log grid (10^6..10^16 FLOP/s), ``overhead`` and
-    ``overhead_per_seq`` come from a least-squares fit of ``measured - roofline`` against the
-    number of sequences, weighted for relative error (both clipped at 0); the candidate with the
-    smallest root-mean-square relative error wins. On a CPU, where decode-shaped matmuls of 8-32
-    rows cost far more per byte than one row, the fitted peak is what lets the model follow the
-    batching curve: a property of this machine and these shapes, not a datasheet number.
+    ``overhead_per_seq`` come from a non-negative least-squares fit of ``measured - roofline``
+    against the number of sequences; the candidate with the smallest root-mean-square error wins.
+    ``errors="relative"`` (default) weighs every step's relative error alike (the shape of the
+    curve); ``"absolute"`` weighs its error in seconds, so long steps count more and the fit
+    matches the total time of the steps (what a workload's duration adds up). On a CPU, where
+    decode-shaped matmuls of 8-32 rows cost far more per byte than one row, the fitted peak is
+    what lets the model follow the batching curve: a property of this machine and these shapes,
+    not a datasheet number.
     """
+    if errors not in ("relative", "absolute"):
+        raise ValueError(f"errors must be 'relative' or 'absolute', got {errors!r}")
     if len(costs) != len(measured_s) or not costs:
         raise ValueError("costs and measured_s must be non-empty and of the same length")
     measured = torch.tensor(list(measured_s), dtype=torch.float64)
@@ -201,17 +229,18 @@ def fit_cost_model(costs: Sequence[StepCost], measured_s: Sequence[float],
         raise ValueError(f"measured step times must be finite and > 0; got {float(bad[0])!r} "
                          f"({len(bad)} of {len(measured)} are not)")
     seqs = torch.tensor([float(c.num_seqs) for c in costs], dtype=torch.float64)
-    w = 1 / measured
+    w = 1 / measured if errors == "relative" else torch.full_like(measured, 1 / float(measured.mean()))
     design = torch.stack([torch.ones_like(seqs), seqs], dim=1) * w[:, None]
+    one_size = len(set(seqs.tolist())) == 1
     best = None
     for peak in torch.logspace(6, 16, 401, dtype=torch.float64).tolist():
         roof = torch.tensor([max(c.bytes / bandwidth_bytes_per_s, c.flops / peak) for c in costs],
                             dtype=torch.float64)
-        coef = torch.linalg.lstsq(design, (measured - roof) * w).solution
-        fixed, per_seq = max(0.0, float(coef[0])), max(0.0, float(coef[1]))
-        if len(set(seqs.tolist())) == 1:  # one batch size: the two overheads are one number
-            fixed, per_seq = max(0.0, float(((measured - roof) * w).sum() / w.sum())), 0.0
-        err = float((((roof + fixed + per_seq * seqs - measured) / measured) ** 2).mean().sqrt())
+        if one_size:  # one batch size: the two overheads are one number
+            fixed, per_seq = max(0.0, float(((measured - roof) * w * w).sum() / (w * w).sum())), 0.0
+        else:
+            fixed, per_seq = _nonneg_two(design, (measured - roof) * w)
+        err = float((((roof + fixed + per_seq * seqs - measured) * w) ** 2).mean().sqrt())
         if best is None or err < best[0]:
             best = (err, peak, fixed, per_seq)
     return RooflineCostModel(bandwidth_bytes_per_s, best[1], best[2], name=name,
