@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 BOOK_PROFILE ?= ci
 
 .DEFAULT_GOAL := book
-.PHONY: book test student sync clean venv
+.PHONY: book test check student sync clean venv
 
 venv: $(VENV)/.installed
 
@@ -24,8 +24,14 @@ book: export AI_EVOLUTION_PROFILE = $(BOOK_PROFILE)
 book: $(VENV)/.installed
 	$(BIN)/jupyter-book build --all -W -n --keep-going .
 
+# The whole suite (what CI runs); the 15 slowest tests are listed at the end.
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
+
+# The everyday tier while editing: unit, property, engine, server and lab tests; no notebook
+# execution, no book build, no grading kernels (those are marked `slow`, see tests/conftest.py).
+check: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -m "not slow" --durations=10
 
 student: $(VENV)/.installed
 	$(BIN)/python scripts/make_student.py

@@ -1,31 +1,19 @@
 """The book builds warning-free, in Spanish, with Colab links for every lab and no CDN scripts.
 
-The build runs exactly as `make book` does (`--all -W -n --keep-going`, labs in the `ci` profile),
-but into a temporary folder (`--path-output DIR` writes DIR/_build/html and starts from an empty
-execution cache there), so it also proves that every lab notebook executes from scratch.
+The build (the session fixture `built_book` in conftest.py) runs exactly as `make book` does
+(`--all -W -n --keep-going`, labs in the `ci` profile), but into a temporary folder
+(`--path-output DIR` writes DIR/_build/html and starts from an empty execution cache there), so it
+also proves that every lab notebook executes from scratch.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _jupyter_book() -> str:
-    candidate = Path(sys.executable).with_name("jupyter-book")
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which("jupyter-book")
-    assert found, "jupyter-book is not installed in this environment"
-    return found
 
 
 def _config() -> dict:
@@ -63,15 +51,11 @@ _EXTERNAL_STYLESHEET = re.compile(
 )
 
 
-def test_book_builds_in_spanish_with_colab_links_and_no_cdn(tmp_path):
-    env = dict(os.environ, AI_EVOLUTION_PROFILE="ci")
-    cmd = [_jupyter_book(), "build", "--all", "-W", "-n", "--keep-going",
-           "--path-output", str(tmp_path), str(ROOT)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
-    log = proc.stdout[-8000:] + "\n" + proc.stderr[-8000:]
-    assert proc.returncode == 0, f"jupyter-book build failed (exit {proc.returncode}):\n{log}"
+def test_book_builds_in_spanish_with_colab_links_and_no_cdn(built_book):
+    assert built_book["returncode"] == 0, (
+        f"jupyter-book build failed (exit {built_book['returncode']}):\n{built_book['log']}")
 
-    html = tmp_path / "_build" / "html"
+    html = built_book["html"]
     intro = html / "book" / "intro.html"
     assert intro.is_file(), f"missing {intro}; output has: {sorted(p.name for p in html.iterdir())}"
 
@@ -115,3 +99,23 @@ def test_book_builds_in_spanish_with_colab_links_and_no_cdn(tmp_path):
     intro_text = intro.read_text(encoding="utf-8")
     assert "_static/mathjax/tex-mml-chtml.js" in intro_text, "MathJax is not the vendored copy"
     assert (html / "_static" / "mathjax" / "tex-mml-chtml.js").is_file()
+
+
+# The `ci` profile keeps each lab notebook to about two minutes on CI's 2 cores; a lab that takes
+# more than twice that has outgrown its budget (measured by the book build, not guessed).
+LAB_BUDGET_S = 120.0
+
+
+def test_each_lab_executes_within_twice_its_ci_budget(built_book):
+    from jupyter_cache import get_cache
+
+    assert built_book["returncode"] == 0, built_book["log"]
+    records = get_cache(str(built_book["out"] / "_build" / ".jupyter_cache")).list_cache_records()
+    seconds = {Path(r.uri).relative_to(ROOT).parent.name: r.data.get("execution_seconds")
+               for r in records if Path(r.uri).name == "notebook_solution.md"}
+    labs = sorted(p.parent.name for p in ROOT.glob("labs/*/notebook_solution.md"))
+    assert sorted(seconds) == labs, f"labs without an execution record: {set(labs) - set(seconds)}"
+    over = {lab: round(s) for lab, s in seconds.items() if s is None or s > 2 * LAB_BUDGET_S}
+    print("lab execution (s):", {lab: round(s, 1) for lab, s in sorted(seconds.items())})
+    assert not over, (f"labs over twice the {LAB_BUDGET_S:.0f} s budget of the `ci` profile: {over}; "
+                      "shrink their `ci` parameters")
