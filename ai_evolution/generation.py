@@ -41,18 +41,18 @@ def generate(model: Transformer, prompt_ids: Sequence[int] | Sequence[Sequence[i
     config = model.config
     prompts = _check_prompts(prompt_ids, config.vocab_size)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        raise ValueError(f"max_new_tokens debe ser un entero >= 1; se recibió {max_new_tokens!r}")
     if cache not in CACHE_KINDS:
-        raise ValueError(f"cache={cache!r} is not supported; accepted: {', '.join(map(repr, CACHE_KINDS))}")
+        raise ValueError(f"cache={cache!r} no está soportado; aceptados: {', '.join(map(repr, CACHE_KINDS))}")
     if cache is None and attn_fn is not None:
-        raise ValueError("attn_fn replaces the cached attention step, so it needs cache='contiguous'; "
-                         "got cache=None")
+        raise ValueError("attn_fn sustituye el paso de atención con caché, así que necesita "
+                         "cache='contiguous'; se recibió cache=None")
     if not temperature >= 0 or temperature == float("inf"):
-        raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature!r}")
+        raise ValueError(f"temperature debe ser un número finito >= 0 (0 = voraz); se recibió {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be an integer >= 1 or None, got {top_k!r}")
+        raise ValueError(f"top_k debe ser un entero >= 1 o None; se recibió {top_k!r}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+        raise ValueError(f"top_p debe estar en (0, 1] o ser None; se recibió {top_p!r}")
     eos = _check_eos(eos_token_id, config.vocab_size)
 
     param = next(model.parameters())
@@ -96,17 +96,17 @@ def _check_prompts(prompt_ids, vocab_size: int) -> list[list[int]]:
     if isinstance(prompt_ids, Tensor):
         prompt_ids = prompt_ids.tolist()
     if len(prompt_ids) == 0:
-        raise ValueError("prompt_ids is empty; give at least one token")
+        raise ValueError("prompt_ids está vacío: hace falta al menos un token")
     batch = [prompt_ids] if not isinstance(prompt_ids[0], (list, tuple, Tensor)) else prompt_ids
     prompts = []
     for i, p in enumerate(batch):
         p = p.tolist() if isinstance(p, Tensor) else list(p)
         if not p:
-            raise ValueError(f"prompt_ids[{i}] is empty; every prompt needs at least one token")
+            raise ValueError(f"prompt_ids[{i}] está vacío: cada prompt necesita al menos un token")
         for j, t in enumerate(p):
             if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab_size:
-                raise ValueError(f"prompt_ids[{i}][{j}]={t!r} is not a token id of the vocabulary "
-                                 f"(accepted: integers 0..{vocab_size - 1})")
+                raise ValueError(f"prompt_ids[{i}][{j}]={t!r} no es un id de token del vocabulario "
+                                 f"(aceptados: enteros 0..{vocab_size - 1})")
         prompts.append([int(t) for t in p])
     return prompts
 
@@ -117,7 +117,7 @@ def _check_eos(eos_token_id, vocab_size: int) -> set[int]:
     ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     for t in ids:
         if not 0 <= t < vocab_size:
-            raise ValueError(f"eos_token_id={t!r} is outside the vocabulary (0..{vocab_size - 1})")
+            raise ValueError(f"eos_token_id={t!r} está fuera del vocabulario (0..{vocab_size - 1})")
     return set(ids)
 
 

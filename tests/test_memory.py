@@ -70,7 +70,7 @@ def test_budget_rejects_bad_utilization():
 
 
 def test_config_rejects_heads_not_multiple_of_kv_heads():
-    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+    with pytest.raises(ValueError, match="múltiplo de num_kv_heads"):
         ModelConfig(num_layers=2, hidden_size=96, num_heads=6, num_kv_heads=4,
                     intermediate_size=128, vocab_size=100)
 

@@ -267,7 +267,7 @@ def test_a_query_never_sees_a_later_position():
 
 def test_cached_attention_rejects_a_position_past_the_cache():
     q, k_new, v_new, k_cache, v_cache = attention_inputs(S=6)
-    with pytest.raises(ValueError, match="position 6 .*length 6"):
+    with pytest.raises(ValueError, match="posición 6 .*longitud 6"):
         cached_attention(q, k_new, v_new, k_cache, v_cache, torch.tensor([[5, 6], [0, 1]]))
 
 

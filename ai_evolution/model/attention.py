@@ -31,9 +31,9 @@ class ContiguousKVCache:
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ValueError(f"batch_size debe ser >= 1; se recibió {batch_size}")
         if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len}")
+            raise ValueError(f"max_len debe ser >= 1; se recibió {max_len}")
         self.config = config
         self.batch_size = batch_size
         self.max_len = max_len
@@ -44,7 +44,7 @@ class ContiguousKVCache:
     def layer(self, i: int) -> tuple[Tensor, Tensor]:
         """Views ``(k, v)`` of layer ``i``, each ``[B, Hkv, max_len, D]``; writes go to the cache."""
         if not 0 <= i < self.k.shape[0]:
-            raise IndexError(f"layer {i} out of range; the cache has layers 0..{self.k.shape[0] - 1}")
+            raise IndexError(f"la capa {i} está fuera de rango; la caché tiene las capas 0..{self.k.shape[0] - 1}")
         return self.k[i], self.v[i]
 
     @property
@@ -94,16 +94,16 @@ def cached_attention(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v
     B, H, T, D = q.shape
     S = k_cache.shape[2]
     if positions.shape != (B, T):
-        raise ValueError(f"positions has shape {tuple(positions.shape)}; expected (B, T) = {(B, T)}")
+        raise ValueError(f"positions tiene forma {tuple(positions.shape)}; se esperaba (B, T) = {(B, T)}")
     if H % k_cache.shape[1]:
-        raise ValueError(f"{H} query heads cannot be grouped over {k_cache.shape[1]} KV heads")
+        raise ValueError(f"{H} cabezas de consulta no se pueden agrupar sobre {k_cache.shape[1]} cabezas KV")
     max_pos = int(positions.max())
     if max_pos >= S:
-        raise ValueError(f"position {max_pos} does not fit in a KV cache of length {S} "
-                         f"(valid positions: 0..{S - 1})")
+        raise ValueError(f"la posición {max_pos} no cabe en una caché KV de longitud {S} "
+                         f"(posiciones válidas: 0..{S - 1})")
     min_pos = int(positions.min())
     if min_pos < 0:
-        raise ValueError(f"position {min_pos} is negative; valid positions: 0..{S - 1}")
+        raise ValueError(f"la posición {min_pos} es negativa; posiciones válidas: 0..{S - 1}")
 
     index = positions[:, None, :, None].expand(B, k_new.shape[1], T, D)  # [B, Hkv, T, D]
     k_cache.scatter_(2, index, k_new.to(k_cache.dtype))

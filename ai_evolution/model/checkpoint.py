@@ -30,11 +30,11 @@ class CheckpointError(ValueError):
 def shipped_model_dir(name: str) -> Path:
     """Folder of a model shipped inside the package (``ai_evolution/model/shipped/<name>``)."""
     if name not in SHIPPED_MODELS:
-        raise KeyError(f"unknown shipped model {name!r}; shipped models: {', '.join(SHIPPED_MODELS)}")
+        raise KeyError(f"modelo incluido desconocido {name!r}; modelos incluidos: {', '.join(SHIPPED_MODELS)}")
     folder = Path(__file__).parent / "shipped" / name
     if not folder.is_dir():
         raise FileNotFoundError(
-            f"shipped model {name!r} should be in {folder}, which does not exist; "
+            f"el modelo incluido {name!r} debería estar en {folder}, que no existe; "
             "reinstall ai_evolution or regenerate the shipped weights"
         )
     return folder
@@ -74,8 +74,8 @@ def _resolve(name_or_path: str | Path) -> Path:
     folder = Path(name_or_path)
     if not folder.is_dir():
         raise FileNotFoundError(
-            f"checkpoint folder {folder} does not exist; pass a folder with config.json and "
-            f"*.safetensors, or a shipped model name: {', '.join(SHIPPED_MODELS)}"
+            f"la carpeta del checkpoint {folder} no existe; pase una carpeta con config.json y "
+            f"*.safetensors, o el nombre de un modelo incluido: {', '.join(SHIPPED_MODELS)}"
         )
     return folder
 
@@ -92,22 +92,22 @@ def _weight_files(folder: Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (ValueError, KeyError) as e:
-            raise CheckpointError(f"cannot read the shard index {index}: {e!r}") from e
+            raise CheckpointError(f"no se puede leer el índice de fragmentos {index}: {e!r}") from e
         files = [folder / f for f in dict.fromkeys(weight_map.values())]
         for f in files:
             if not f.exists():
-                raise FileNotFoundError(f"{index} lists shard {f.name}, which is not in {folder}; "
-                                        f"found: {_listing(folder)}")
+                raise FileNotFoundError(f"{index} nombra el fragmento {f.name}, que no está en {folder}; "
+                                        f"hay: {_listing(folder)}")
         return files
     if (folder / SINGLE_FILE).exists():
         return [folder / SINGLE_FILE]
     files = sorted(folder.glob("*.safetensors"))
     if files:
         return files
-    hint = " (PyTorch .bin checkpoints are not supported; convert them to safetensors)" \
+    hint = " (los checkpoints .bin de PyTorch no están soportados; conviértalos a safetensors)" \
         if any(folder.glob("*.bin")) else ""
-    raise FileNotFoundError(f"no weights in {folder}: expected {SINGLE_FILE} or {INDEX_FILE} with "
-                            f"its shards; found: {_listing(folder)}{hint}")
+    raise FileNotFoundError(f"no hay pesos en {folder}: se esperaba {SINGLE_FILE} o {INDEX_FILE} con "
+                            f"sus fragmentos; hay: {_listing(folder)}{hint}")
 
 
 def _read_tensors(files: list[Path], expected: dict[str, torch.Size], optional: set[str],
@@ -121,26 +121,26 @@ def _read_tensors(files: list[Path], expected: dict[str, torch.Size], optional: 
                         continue
                     if name not in expected:
                         raise CheckpointError(
-                            f"unexpected tensor {name!r} in {f}: this {len(expected)}-tensor model "
-                            "has no parameter with that name (is config.json from another model?)"
+                            f"tensor inesperado {name!r} en {f}: este modelo de {len(expected)} tensores "
+                            "no tiene ningún parámetro con ese nombre (¿es config.json de otro modelo?)"
                         )
                     shape = tuple(reader.get_slice(name).get_shape())
                     if shape != tuple(expected[name]):
                         raise CheckpointError(
-                            f"tensor {name!r} in {f} has shape {list(shape)}; the model built from "
-                            f"config.json expects {list(expected[name])}"
+                            f"el tensor {name!r} de {f} tiene forma {list(shape)}; el modelo construido "
+                            f"con config.json espera {list(expected[name])}"
                         )
                     state[name] = reader.get_tensor(name).to(device=device, dtype=dtype)
         except CheckpointError:
             raise
         except Exception as e:  # safetensors raises its own error types for corrupt files
-            raise CheckpointError(f"cannot read safetensors file {f}: {e}") from e
+            raise CheckpointError(f"no se puede leer el archivo safetensors {f}: {e}") from e
     missing = [n for n in expected if n not in state and n not in optional]
     if missing:
         searched = ", ".join(f.name for f in files)
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"tensor {missing[0]!r}{more} is missing from the checkpoint; "
-                              f"searched: {searched} in {files[0].parent}")
+        more = f" (y {len(missing) - 1} más)" if len(missing) > 1 else ""
+        raise CheckpointError(f"falta el tensor {missing[0]!r}{more} en el checkpoint; "
+                              f"se buscó en: {searched}, en {files[0].parent}")
     return state
 
 
@@ -150,7 +150,7 @@ def load_pretrained(name_or_path: str | Path, dtype: torch.dtype = torch.float32
     folder = _resolve(name_or_path)
     config_path = folder / "config.json"
     if not config_path.exists():
-        raise FileNotFoundError(f"{config_path} not found; found: {_listing(folder)}")
+        raise FileNotFoundError(f"no se encuentra {config_path}; hay: {_listing(folder)}")
     try:
         config = ModelConfig.from_hf_config(config_path)
     except (ValueError, KeyError, TypeError) as e:
@@ -177,7 +177,7 @@ def save_pretrained(model: Transformer, folder: str | Path, max_shard_bytes: int
     already in ``folder`` (``model*.safetensors`` and the index) are replaced.
     """
     if max_shard_bytes is not None and max_shard_bytes < 1:
-        raise ValueError(f"max_shard_bytes must be a positive number of bytes or None, got {max_shard_bytes}")
+        raise ValueError(f"max_shard_bytes debe ser un número de bytes positivo o None; se recibió {max_shard_bytes}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = model.config

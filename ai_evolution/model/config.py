@@ -53,19 +53,20 @@ class ModelConfig:
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise ValueError(
-                    f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}; "
-                    "give head_dim explicitly"
+                    f"hidden_size={self.hidden_size} no es divisible entre num_heads={self.num_heads}; "
+                    "indique head_dim explícitamente"
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
                      "intermediate_size", "vocab_size", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ValueError(f"{name} debe ser un entero positivo; se recibió {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads} "
-                "(grouped-query attention shares each KV head among a whole group of query heads)"
+                f"num_heads={self.num_heads} debe ser múltiplo de num_kv_heads={self.num_kv_heads} "
+                "(la atención con consultas agrupadas comparte cada cabeza KV entre un grupo entero de "
+                "cabezas de consulta)"
             )
         for name in ("rms_norm_eps", "rope_theta"):
             value = getattr(self, name)
@@ -74,7 +75,7 @@ class ModelConfig:
                 raise ValueError(f"{name} debe ser un número finito > 0; se recibió {value!r}")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
-                f"model_type={self.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"model_type={self.model_type!r} no está soportado; soportados: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
 
     @property
@@ -97,7 +98,7 @@ class ModelConfig:
             if path.is_dir():
                 path = path / "config.json"
             if not path.exists():
-                raise FileNotFoundError(f"config.json not found: {path}")
+                raise FileNotFoundError(f"no se encuentra config.json: {path}")
             hf = json.loads(path.read_text())
             name = name or path.parent.name
             if not isinstance(hf, dict):
@@ -110,7 +111,7 @@ class ModelConfig:
                              f"usa SwiGLU; aceptadas: {', '.join(SUPPORTED_ACTIVATIONS)}")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
-                f"unsupported model_type {model_type!r} in config.json; supported model_types: "
+                f"model_type {model_type!r} de config.json no está soportado; model_type soportados: "
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         # transformers >= 5 writes RoPE settings under rope_parameters; older files at top level.

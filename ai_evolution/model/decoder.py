@@ -46,7 +46,7 @@ def rope_inv_freq(config: ModelConfig, device: torch.device | str = "cpu") -> Te
     if rope_type == "default":
         return inv_freq
     if rope_type != "llama3":
-        raise ValueError(f"rope_type {rope_type!r} is not supported; supported rope types: "
+        raise ValueError(f"rope_type {rope_type!r} no está soportado; rope_type soportados: "
                          f"{', '.join(SUPPORTED_ROPE_TYPES)}")
     factor = float(scaling["factor"])
     low = float(scaling["low_freq_factor"])
@@ -203,16 +203,16 @@ class Transformer(nn.Module):
         its layout (the engine passes its slot cache with ``B = 1`` and all tokens in a row).
         """
         if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
+            raise ValueError(f"input_ids debe tener forma [B, T]; tiene {tuple(input_ids.shape)}")
         B, T = input_ids.shape
         if positions is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
         elif positions.shape != (B, T):
-            raise ValueError(f"positions has shape {tuple(positions.shape)}; expected {(B, T)}")
+            raise ValueError(f"positions tiene forma {tuple(positions.shape)}; se esperaba {(B, T)}")
         if kv_cache is None and attn_fn is not None:
-            raise ValueError("attn_fn is only used with a kv_cache; pass kv_cache= as well")
+            raise ValueError("attn_fn solo se usa con una caché KV: pase también kv_cache=")
         if isinstance(kv_cache, ContiguousKVCache) and kv_cache.batch_size != B:
-            raise ValueError(f"kv_cache has batch_size={kv_cache.batch_size} but input_ids has {B} rows")
+            raise ValueError(f"kv_cache tiene batch_size={kv_cache.batch_size} pero input_ids tiene {B} filas")
         attn_fn = attn_fn or cached_attention
         x = self.model.embed_tokens(input_ids)                            # [B, T, hidden]
         cos, sin = self.model.rotary_emb(positions, x.dtype)               # [B, 1, T, D]

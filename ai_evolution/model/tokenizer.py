@@ -41,7 +41,7 @@ class Tokenizer:
         """Load a ``tokenizer.json`` file."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"tokenizer file not found: {path}")
+            raise FileNotFoundError(f"no se encuentra el archivo del tokenizador: {path}")
         return cls(_HFTokenizer.from_file(str(path)), path)
 
     @property
@@ -67,7 +67,7 @@ class Tokenizer:
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if add_bos:
             if self.bos_token_id is None:
-                raise ValueError("this tokenizer has no <s> token")
+                raise ValueError("este tokenizador no tiene token <s>")
             ids = [self.bos_token_id] + ids
         return ids
 
@@ -103,18 +103,18 @@ def load_tokenizer(name_or_path: str | Path) -> Tokenizer:
     if candidate.is_dir():
         path = candidate / "tokenizer.json"
         if not path.is_file():
-            raise FileNotFoundError(f"no tokenizer.json in folder: {path}")
+            raise FileNotFoundError(f"no hay tokenizer.json en la carpeta: {path}")
         return Tokenizer.from_file(path)
     text = str(name_or_path)
     looks_like_path = "/" in text or "\\" in text or text.endswith(".json")
     if looks_like_path:
-        raise FileNotFoundError(f"tokenizer not found: {candidate}")
+        raise FileNotFoundError(f"no se encuentra el tokenizador: {candidate}")
     path = SHIPPED_DIR / text / "tokenizer.json"
     if path.is_file():
         return Tokenizer.from_file(path)
     if (SHIPPED_DIR / text).is_dir():
-        raise FileNotFoundError(f"shipped tokenizer {text!r} has no tokenizer.json: {path}")
+        raise FileNotFoundError(f"el tokenizador incluido {text!r} no tiene tokenizer.json: {path}")
     names = shipped_names()
     raise ValueError(
-        f"unknown shipped tokenizer {text!r}; shipped names: {', '.join(names) if names else '(none)'}"
+        f"tokenizador incluido desconocido {text!r}; incluidos: {', '.join(names) if names else '(ninguno)'}"
     )
