@@ -239,7 +239,7 @@ def threshold(value: float, limit: float, *, what: str, passed: str, failed: str
             outcome = INCONCLUSIVE
     phrase = {PASSED: passed, FAILED: failed}.get(outcome) or inconclusive or (
         "su intervalo contiene el criterio: con este ruido no es concluyente")
-    sign = "<=" if below else ">="
+    sign = "≤" if below else "≥"
     number = f"{es(value * scale, decimals)} {unit}".replace(" %", "\u00a0%")
     crit = f"{sign} {es(limit * scale, decimals)} {unit}".replace(" %", "\u00a0%")
     shown = f"{what}: {number} (criterio: {crit}"
