@@ -64,6 +64,17 @@ def built_book(tmp_path_factory):
             "returncode": proc.returncode, "log": proc.stdout[-8000:] + "\n" + proc.stderr[-8000:]}
 
 
+@pytest.fixture(scope="session")
+def graded_kv_cache(tmp_path_factory):
+    """Lab 2's real solution, its untouched student copy, a broken solution and every attack of
+    tests/test_grading_adversarial.py, graded in one CLI run. The solution's execution here is
+    lab 2's second in the suite: its checked outputs are compared with the book's execution in
+    place of an nbval run (tests/test_notebooks.py)."""
+    from test_grading_adversarial import grade_attacks
+
+    return grade_attacks(tmp_path_factory.mktemp("ataques"))
+
+
 # `make check` (the everyday tier) runs `-m "not slow"`: no notebook execution, no book build, no
 # real grading kernels. `make test` runs everything.
 SLOW_MODULES = {"test_book.py", "test_grading.py", "test_grading_adversarial.py",

@@ -491,24 +491,29 @@ def broken_solution() -> nbformat.NotebookNode:
     return nb
 
 
-@pytest.fixture(scope="module")
-def realistic(tmp_path_factory):
-    """The solution, the untouched student notebook and a broken one, graded once (~1 min)."""
-    folder = tmp_path_factory.mktemp("entregas")
+def realistic_folder(folder: Path) -> dict[str, int]:
+    """Lab 2's solution, its untouched student notebook and a broken one, written into
+    ``folder``; return the most each may score. Graded with the attacks of
+    test_grading_adversarial in one run (the ``graded_kv_cache`` fixture)."""
+    a = find_assessment("kv_cache")
     (folder / "solucion.ipynb").write_bytes((KV / "notebook_solution.ipynb").read_bytes())
     (folder / "sin tocar.ipynb").write_bytes((KV / "notebook_student.ipynb").read_bytes())
     nbformat.write(broken_solution(), folder / "rota.ipynb")
-    out = tmp_path_factory.mktemp("notas")
-    start = time.monotonic()
-    grade_folder("kv_cache", folder, out=out, jobs=2, timeout_s=600, cell_timeout_s=300)
-    return out, time.monotonic() - start
+    full = sum(c.points for c in a.criteria)
+    by_id = {c.id: c.points for c in a.criteria}
+    return {"solucion": full, "sin_tocar": 0, "rota": full - by_id["runs"] - by_id["fit_growth"]}
+
+
+@pytest.fixture(scope="module")
+def realistic(graded_kv_cache):
+    return graded_kv_cache["out"], graded_kv_cache["elapsed"]
 
 
 def test_solution_untouched_and_broken_notebooks_get_the_right_rows(realistic):
     out, elapsed = realistic
     a = find_assessment("kv_cache")
     book = rows(out / "gradebook.csv")
-    assert list(book) == ["rota", "sin_tocar", "solucion"]
+    book = {sid: book[sid] for sid in ("rota", "sin_tocar", "solucion")}
     sol = book["solucion"]
     assert (sol["status"], sol["total"], sol["max_total"], sol["reason"]) == ("ok", "13", "13", "")
     untouched = book["sin_tocar"]

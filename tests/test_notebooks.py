@@ -121,11 +121,38 @@ def _execute(nb_path: Path, out: Path, **parameters) -> None:
                                kernel_name="python3", progress_bar=False)
 
 
+def _checked_outputs(nb) -> dict[str, list]:
+    """The outputs nbval compares (cells tagged ``nbval-check-output``), by cell source: stream
+    text joined per stream, and the text/plain of results and displays."""
+    found = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "nbval-check-output" not in cell.metadata.get("tags", []):
+            continue
+        streams: dict[str, str] = {}
+        data = []
+        for out in cell.outputs:
+            if out.get("output_type") == "stream":
+                streams[out["name"]] = streams.get(out["name"], "") + out["text"]
+            elif "data" in out and "text/plain" in out["data"]:
+                data.append(out["data"]["text/plain"])
+        found[cell.source] = [sorted(streams.items()), data]
+    return found
+
+
+def assert_checked_outputs_agree(reference, other) -> None:
+    """nbval's comparison (the cells tagged ``nbval-check-output``) between two executions."""
+    ref, got = _checked_outputs(reference), _checked_outputs(other)
+    assert ref, "no cell is tagged nbval-check-output"
+    for source, outputs in ref.items():
+        assert source in got, f"the second execution has no checked cell {source[:80]!r}"
+        assert got[source] == outputs, f"checked outputs differ in cell {source[:80]!r}"
+
+
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=IDS)
 def test_solution_runs_under_ci_and_its_checked_outputs_are_reproducible(solution, built_book,
-                                                                       tmp_path):
+                                                                       tmp_path, request):
     # The first execution is the book build's (the page the reader sees, `ci` profile, seed 0);
-    # nbval below is the second: each lab runs twice in the suite.
+    # nbval below is the second (for lab 2, the grader's): each lab runs twice in the suite.
     built = built_book["executed"] / solution.relative_to(ROOT).with_suffix(".ipynb")
     assert built.is_file(), (f"the book build left no executed {built.name} for {solution.parent.name} "
                              f"(build exit {built_book['returncode']}):\n{built_book['log'][-3000:]}")
@@ -140,6 +167,12 @@ def test_solution_runs_under_ci_and_its_checked_outputs_are_reproducible(solutio
     glue_file = built.with_suffix(".glue.json")
     assert glue_file.is_file(), f"the book build stored no glued values for {solution.parent.name}"
     assert_page_agrees_with_its_contract(executed, _glue_file_texts(glue_file))
+    if solution.parent == ROOT / "labs" / "02-kv-cache":
+        # Lab 2's second execution is the grader's (the solution graded as a submission, seed 0,
+        # `ci`): the same comparison as nbval's, without a third run.
+        graded = request.getfixturevalue("graded_kv_cache")["out"] / "executed" / "solucion.ipynb"
+        assert_checked_outputs_agree(executed, nbformat.read(graded, as_version=4))
+        return
     # nbval re-executes the notebook and compares the cells tagged nbval-check-output.
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "--nbval-lax", "--nbval-current-env", str(out)],
@@ -168,3 +201,19 @@ def test_student_notebook_stops_at_first_exercise_with_spanish_hint(solution, tm
     stub = nb.cells[first_exercise].source
     hint = stub.split('raise NotImplementedError("')[1].split('")')[0]
     assert hint == err.value.evalue
+
+
+def test_checked_output_comparison_finds_a_changed_output_or_a_missing_cell():
+    def nb(text: str, tagged: bool = True):
+        cell = nbformat.v4.new_code_cell("print(x)")
+        cell.metadata["tags"] = ["nbval-check-output"] if tagged else []
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+        return nbformat.v4.new_notebook(cells=[cell])
+
+    assert_checked_outputs_agree(nb("1,5\n"), nb("1,5\n"))
+    with pytest.raises(AssertionError, match="differ"):
+        assert_checked_outputs_agree(nb("1,5\n"), nb("1,6\n"))
+    with pytest.raises(AssertionError, match="no checked cell"):
+        assert_checked_outputs_agree(nb("1,5\n"), nb("1,5\n", tagged=False))
+    with pytest.raises(AssertionError, match="no cell is tagged"):
+        assert_checked_outputs_agree(nb("1,5\n", tagged=False), nb("1,5\n"))

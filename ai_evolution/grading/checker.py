@@ -250,6 +250,8 @@ def check_functions(assessment, seed: int, extract, stage_limit_s: float, memory
                        "detuvo (¿un bucle que no termina?).")
             elif done.killed == "memory":
                 why = f"la corrección de este ejercicio superó {memory_mb} MiB de memoria."
+            elif done.killed == "stopped":
+                why = "el código de este ejercicio detuvo el proceso de corrección (SIGSTOP)."
             else:
                 why = ("el proceso de corrección terminó mientras se corregía este ejercicio "
                        "(¿su código termina el proceso o agota la memoria?).")

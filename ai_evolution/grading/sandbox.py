@@ -395,6 +395,21 @@ def kill_all(processes) -> None:
             pass
 
 
+STOPPED_GRACE_S = 3.0
+
+
+def _any_stopped(processes) -> bool:
+    import psutil
+
+    for p in processes:
+        try:
+            if p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                return True
+        except psutil.Error:
+            pass
+    return False
+
+
 def _rss(processes) -> int:
     import psutil
 
@@ -410,7 +425,7 @@ def _rss(processes) -> int:
 @dataclass
 class Finished:
     stdout: bytes
-    killed: str | None      # None | "timeout" | "memory"
+    killed: str | None      # None | "timeout" | "memory" | "stopped"
     returncode: int | None
 
 
@@ -418,7 +433,9 @@ def run_untrusted(cmd: list[str], job: bytes, scratch: Path, timeout_s: float, m
                   log_path: Path, on_line=None, stop=None) -> Finished:
     """Run ``cmd`` (a worker or checker) with ``job`` on stdin; collect its stdout; kill it
     and everything it started at the deadline, past the memory bound, or when ``stop()`` says
-    so; then kill whatever it left behind. ``on_line(bytes)`` sees each stdout line as it comes."""
+    so; then kill whatever it left behind. A process of the run that stays stopped (SIGSTOP)
+    for ``STOPPED_GRACE_S`` is killed at once rather than waited for until the deadline: nothing
+    in the run can make progress again. ``on_line(bytes)`` sees each stdout line as it comes."""
     import psutil
 
     token = secrets.token_hex(16)
@@ -453,15 +470,20 @@ def run_untrusted(cmd: list[str], job: bytes, scratch: Path, timeout_s: float, m
             t.start()
         deadline = time.monotonic() + timeout_s
         seen: dict[int, psutil.Process] = {}
+        stopped_since: float | None = None
         try:
             while proc.poll() is None:
                 tree = _tree(proc.pid)
                 for p in tree:
                     seen.setdefault(p.pid, p)
-                if time.monotonic() > deadline or (stop is not None and stop()):
+                now = time.monotonic()
+                stopped_since = (stopped_since or now) if _any_stopped(tree) else None
+                if now > deadline or (stop is not None and stop()):
                     killed = "timeout"
                 elif memory_mb and _rss(tree) > memory_mb * 2**20:
                     killed = "memory"
+                elif stopped_since is not None and now - stopped_since >= STOPPED_GRACE_S:
+                    killed = "stopped"
                 if killed:
                     kill_all(tree)
                     break
@@ -533,6 +555,12 @@ def _read_answer(done: Finished, info: RunInfo, timeout_s: float, cell_timeout_s
         info.reason = (f"superó el límite de {timeout_s:g} s para todo el cuaderno y se detuvo; "
                        "los ejercicios se corrigieron aparte, pero el contrato y el reto se "
                        "pierden.")
+        return
+    if done.killed == "stopped":
+        info.status = "crashed"
+        info.reason = (f"el cuaderno detuvo un proceso del corrector (SIGSTOP) y se terminó tras "
+                       f"{STOPPED_GRACE_S:g} s detenido; los ejercicios se corrigieron aparte, "
+                       "pero el contrato y el reto se pierden.")
         return
     if done.killed == "memory":
         info.status = "memory"
