@@ -84,32 +84,32 @@ def batching_curve_figure(batch_sizes, measured_ms, predicted_ms, departure: int
     return fig
 
 
-def slot_timeline_figure(histories: dict, num_slots: int, max_steps: int | None = None):
+def row_timeline_figure(histories: dict, num_rows: int, max_steps: int | None = None):
     """Which request holds each KV row at every step, one panel per policy.
 
     Colored cell: the row's request ran this step (a dot marks its prefill); gray: the row is
-    held by a request that has already finished (static batching's idle slot); white: free.
+    held by a request that has already finished (static batching's idle row); white: free.
     ``histories`` maps a panel title to an engine ``history`` (list of ``StepRecord``).
     """
     from matplotlib.colors import ListedColormap
 
     palette = plt.get_cmap("tab20").colors
-    fig, axes = plt.subplots(len(histories), 1, figsize=(10, 1.2 + 0.32 * num_slots * len(histories)),
+    fig, axes = plt.subplots(len(histories), 1, figsize=(10, 1.2 + 0.32 * num_rows * len(histories)),
                              squeeze=False)
     longest = max(len(h) for h in histories.values())
     steps = min(longest, max_steps) if max_steps else longest
     for ax, (title, history) in zip(axes[:, 0], histories.items()):
-        grid = np.full((num_slots, steps), -1)           # -1 free, -2 held idle, k >= 0 request
+        grid = np.full((num_rows, steps), -1)           # -1 free, -2 held idle, k >= 0 request
         prefill_x, prefill_y = [], []
         for x, rec in enumerate(history[:steps]):
-            for rid, slot in rec.slots.items():
-                grid[slot, x] = -2
+            for rid, row in rec.holders.items():
+                grid[row, x] = -2
             for e in rec.scheduled:
-                grid[e.slot, x] = int(e.request_id) % len(palette) if e.request_id.isdigit() \
+                grid[e.first_block, x] = int(e.request_id) % len(palette) if e.request_id.isdigit() \
                     else hash(e.request_id) % len(palette)
                 if e.is_prefill:
                     prefill_x.append(x)
-                    prefill_y.append(e.slot)
+                    prefill_y.append(e.first_block)
         colors = ListedColormap(["white", "0.75", *palette])
         ax.imshow(grid + 2, cmap=colors, vmin=0, vmax=len(palette) + 1, aspect="auto",
                   interpolation="nearest")
@@ -117,7 +117,7 @@ def slot_timeline_figure(histories: dict, num_slots: int, max_steps: int | None 
         idle = (grid == -2).sum() / max(1, (grid != -1).sum())
         ax.set(ylabel="fila de la caché", title=f"{title}: {len(history)} pasos, "
                f"{es(100 * idle, 0)} % de filas reservadas ociosas")
-        ax.set_yticks(range(num_slots))
+        ax.set_yticks(range(num_rows))
     axes[-1, 0].set_xlabel("paso" + (f" (primeros {steps})" if steps < longest else ""))
     fig.tight_layout()
     return fig

@@ -35,7 +35,7 @@ def solo(model, prompt, params: SamplingParams) -> list[int]:
 
 def schedule(engine: LLMEngine) -> list[tuple]:
     """Per step: (request_id, slot, num_tokens, context_len) of every scheduled request."""
-    return [tuple((e.request_id, e.slot, e.num_tokens, e.context_len) for e in h.scheduled)
+    return [tuple((e.request_id, e.first_block, e.num_tokens, e.context_len) for e in h.scheduled)
             for h in engine.history]
 
 
@@ -44,7 +44,7 @@ def check_done(engine: LLMEngine) -> None:
     sched, kv = engine.scheduler, engine.scheduler.kv
     assert all(r.is_finished for r in engine.requests.values())
     assert not sched.running and not sched.waiting
-    assert not kv.tables and kv.holders() == {}
+    assert not kv.tables and kv.tables_per_block() == {}
     assert kv.num_free == kv.pool.num_free == kv.num_blocks
     kv.check_invariants()
     usage = engine.kv_usage()

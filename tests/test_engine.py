@@ -79,7 +79,7 @@ def drain(engine: LLMEngine) -> None:
     """Step until every request has finished, then retire the last ones (as ``run`` does)."""
     while engine.has_unfinished_requests():
         engine.step()
-    engine.scheduler.schedule()
+    engine.retire_finished()
 
 
 def check_bookkeeping(engine: LLMEngine) -> None:
@@ -93,21 +93,21 @@ def check_bookkeeping(engine: LLMEngine) -> None:
     computed: dict[str, int] = {}
     for h in hist:
         assert 1 <= h.batch_size <= width, f"step {h.step}: batch of {h.batch_size} > {width}"
-        assert h.num_slots == width and len(h.slots) <= width
-        assert len(set(h.slots.values())) == len(h.slots), f"step {h.step}: a row has two owners {h.slots}"
-        assert all(0 <= s < width for s in h.slots.values())
+        assert h.num_blocks == width and len(h.holders) <= width
+        assert len(set(h.holders.values())) == len(h.holders), f"step {h.step}: a row has two owners {h.holders}"
+        assert all(0 <= s < width for s in h.holders.values())
         ids = [e.request_id for e in h.scheduled]
         assert len(set(ids)) == len(ids)
         # a request keeps one row while it holds it, and never comes back once it has left
-        for rid, slot in h.slots.items():
+        for rid, slot in h.holders.items():
             assert rid not in left, f"{rid} holds a row again after leaving"
             assert slot_of.setdefault(rid, slot) == slot, f"{rid} moved from row {slot_of[rid]} to {slot}"
-        for rid in set(owner_of_slot.values()) - set(h.slots):
+        for rid in set(owner_of_slot.values()) - set(h.holders):
             left.add(rid)
-        owner_of_slot = {s: r for r, s in h.slots.items()}
+        owner_of_slot = {s: r for r, s in h.holders.items()}
         for e in h.scheduled:
             r = engine.requests[e.request_id]
-            assert h.slots[e.request_id] == e.slot
+            assert h.holders[e.request_id] == e.first_block
             assert r.arrival_time <= h.start
             before = computed.get(e.request_id, 0)
             # a prefill runs the whole prompt at once; every later step adds exactly one token
@@ -119,7 +119,7 @@ def check_bookkeeping(engine: LLMEngine) -> None:
             computed[e.request_id] = e.context_len
     for a, b in zip(hist, hist[1:]):
         assert a.start <= a.end <= b.start, "steps overlap or are out of order"
-    assert sched.kv.num_free == width and not sched.kv.owners and not sched.running
+    assert sched.kv.num_free == width and not sched.kv.holders and not sched.running
     assert not sched.waiting
 
 
@@ -378,7 +378,7 @@ def test_every_problem_of_a_sampling_params_is_named():
 
 def snapshot(engine: LLMEngine):
     s = engine.scheduler
-    return ([r.request_id for r in s.waiting], [r.request_id for r in s.running], s.kv.owners,
+    return ([r.request_id for r in s.waiting], [r.request_id for r in s.running], s.kv.holders,
             s.kv.num_free, sorted(engine.requests), len(engine.history),
             {i: (list(r.output_token_ids), r.num_computed_tokens, r.status)
              for i, r in engine.requests.items()})
@@ -446,7 +446,7 @@ def test_static_batching_holds_rows_until_the_whole_batch_finishes(served, width
     hist, reqs = engine.history, engine.requests
     batches = []
     for h in hist:
-        holders = set(h.slots)
+        holders = set(h.holders)
         running = {e.request_id for e in h.scheduled}
         # every holder that is not computing has finished: it only keeps its row
         assert running <= holders and all(reqs[r].finish_time <= h.start for r in holders - running)
@@ -461,7 +461,7 @@ def test_static_batching_holds_rows_until_the_whole_batch_finishes(served, width
             assert not any(e.is_prefill for e in h.scheduled)  # nobody joins meanwhile
     assert len(batches) == math.ceil(NUM_REQUESTS / width)
     assert all(len(b) == width for b in batches[:-1])
-    assert any(len(h.slots) > h.batch_size for h in hist)  # some rows were held idle
+    assert any(len(h.holders) > h.batch_size for h in hist)  # some rows were held idle
     # each batch lasts as long as its longest member
     assert len(hist) == sum(max(reqs[r].sampling_params.max_tokens for r in b) for b in batches)
 
@@ -472,13 +472,13 @@ def test_continuous_batching_refills_a_row_as_soon_as_it_frees(served, width):
     hist, reqs = engine.history, engine.requests
     for h in hist:
         running = {e.request_id for e in h.scheduled}
-        assert set(h.slots) == running  # no finished request keeps a row
+        assert set(h.holders) == running  # no finished request keeps a row
         not_yet_admitted = [r for r in reqs.values() if r.first_scheduled_time > h.start]
         if not_yet_admitted:
-            assert len(h.slots) == width  # someone waits, so no row is left empty
+            assert len(h.holders) == width  # someone waits, so no row is left empty
     for a, b in zip(hist, hist[1:]):
-        finished = {r for r in a.slots if reqs[r].finish_time <= a.end}
-        assert not finished & set(b.slots)
+        finished = {r for r in a.holders if reqs[r].finish_time <= a.end}
+        assert not finished & set(b.holders)
     if width == 1:
         assert len(hist) == sum(r.sampling_params.max_tokens for r in reqs.values())
 
@@ -560,7 +560,7 @@ def test_a_policy_with_a_bad_plan_raises_policy_error(tiny, name):
         assert w in str(info.value), str(info.value)
     # the plan was refused before it touched the batch or the KV rows
     s = engine.scheduler
-    assert len(s.running) + s.kv.num_free == 2 and set(s.kv.owners) == {r.request_id for r in s.running}
+    assert len(s.running) + s.kv.num_free == 2 and set(s.kv.holders) == {r.request_id for r in s.running}
     assert len(s.waiting) + len(s.running) == 4
 
 
@@ -617,7 +617,7 @@ def test_step_outputs_report_the_requests_that_got_a_token(tiny, workload):
     assert first[0].metrics["ttft"] == a.ttft and first[0].metrics["num_prompt_tokens"] == len(items[0][0])
     second = engine.step()  # b's row goes to c
     assert [o.request_id for o in second] == [a.request_id, c.request_id]
-    assert engine.history[1].slots == {a.request_id: 0, c.request_id: 1}
+    assert engine.history[1].holders == {a.request_id: 0, c.request_id: 1}
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -632,7 +632,7 @@ def test_abort_a_waiting_and_a_running_request(tiny, workload, policy):
     assert running.status is RequestStatus.RUNNING and len(running.output_token_ids) == 3
     waiting = reqs[4]
     assert waiting.status is RequestStatus.WAITING
-    held_row = engine.scheduler.kv.slot_of("r0")
+    held_row = engine.scheduler.kv.holders["r0"]
     queued = {r.request_id for r in engine.scheduler.waiting} - {"r4"}
     engine.abort_request("r4")
     engine.abort_request("r0")
@@ -646,8 +646,8 @@ def test_abort_a_waiting_and_a_running_request(tiny, workload, policy):
     last = engine.history[-1]
     assert "r0" not in {e.request_id for e in last.scheduled}
     if policy == "continuous":
-        assert "r0" not in last.slots  # the row was freed at once and given to the next request
-        owner = {s: r for r, s in last.slots.items()}[held_row]
+        assert "r0" not in last.holders  # the row was freed at once and given to the next request
+        owner = {s: r for r, s in last.holders.items()}[held_row]
         assert owner in queued
     drain(engine)
     engine.abort_request("r1")  # finished already: nothing changes
@@ -689,3 +689,52 @@ def test_run_checks_every_arrival_before_serving_any(tiny):
         assert not engine.requests and not engine.history  # nothing was added or run
     (req,) = engine.run([good])
     assert req.output_token_ids == generate(tiny, [5, 6, 7], 2, cache=None)[0]
+
+
+# --- the step record names who joined, left and was preempted -------------------------------------
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_step_records_who_joined_left_and_was_preempted(tiny, workload, policy, layout):
+    """Every request is admitted once plus once per preemption, retired exactly once (by a step's
+    plan or by ``retire_finished`` at the end), and what the records say matches the counters."""
+    from ai_evolution.engine import build_engine
+
+    items, _ = workload
+    # paged and tight: 12 blocks of 8 tokens for up to 4 requests of up to 90 tokens -> preemptions
+    engine = build_engine(tiny, max_num_seqs=4, max_model_len=MAX_LEN, policy=policy,
+                          kv_layout=layout, block_size=8,
+                          num_blocks=12 if layout == "paged" else None)
+    reqs = engine.run([(0.0, p, greedy(m)) for p, m in items])
+    ids = [r.request_id for r in reqs]
+    admitted = [rid for rec in engine.history for rid in rec.admitted]
+    preempted = [rid for rec in engine.history for rid in rec.preempted]
+    assert len(preempted) == engine.kv_usage()["num_preemptions"]
+    if layout == "paged":
+        assert preempted, "the tight paged cache should have preempted someone"
+    for rid in ids:
+        assert admitted.count(rid) == 1 + preempted.count(rid), rid
+    retired = [rid for rec in engine.history for rid in rec.retired]
+    # run() retired the rest with retire_finished(): a second call finds nobody
+    assert engine.retire_finished() == []
+    assert sorted(set(retired)) == sorted(retired) and set(retired) <= set(ids)
+    assert engine.kv_usage()["blocks_used"] == 0 and engine.num_running == engine.num_waiting == 0
+    for rec in engine.history:
+        for rid in rec.retired:  # a retired request holds nothing after its step's plan
+            assert rid not in rec.holders and engine.requests[rid].finish_time <= rec.start
+
+
+def test_retire_finished_frees_what_static_batching_holds(tiny):
+    """Static batching keeps finished members' rows until the batch ends; ``retire_finished`` is
+    that end, named: it frees them, and only them."""
+    engine = make_engine(tiny, 2, policy="static")
+    short = engine.add_request([1, 2, 3], greedy(1))
+    long = engine.add_request([4, 5, 6], greedy(6))
+    engine.step()
+    engine.step()
+    assert short.is_finished and not long.is_finished
+    assert short.request_id in engine.history[-1].holders  # held idle by the static batch
+    assert engine.num_running == 1 and engine.num_waiting == 0
+    assert engine.retire_finished() == [short.request_id]
+    assert engine.scheduler.kv.holders == {long.request_id: engine.history[-1].holders[long.request_id]}
+    drain(engine)
+    assert engine.scheduler.kv.holders == {}

@@ -223,7 +223,7 @@ def test_outputs_that_differ_are_reported_as_an_error():
 # --- per-step medians and the fit -----------------------------------------------------------------
 def _record(i, start, end, queries):
     entries = tuple(StepEntry(str(k), k, q, q + i, q > 1) for k, q in enumerate(queries))
-    return StepRecord(i, start, end, entries, {e.request_id: e.slot for e in entries}, 4)
+    return StepRecord(i, start, end, entries, {e.request_id: e.first_block for e in entries}, 4)
 
 
 def test_fastest_steps_takes_each_steps_fastest_run_and_rejects_other_schedules():

@@ -66,13 +66,13 @@ def longest(items) -> int:
 
 
 def watch_preemptions(engine: LLMEngine) -> None:
-    """Check every ``schedule()``: the victims of a preemption are the newest unfinished running
+    """Check every planning round (``schedule()`` may plan several): the victims of a preemption are the newest unfinished running
     requests (newest first), they go back to the head of the queue in their old order, and a step
     that preempts admits nobody."""
     sched = engine.scheduler
     if getattr(sched, "_watched", False):
         return
-    inner = sched.schedule
+    inner = sched._plan_once
 
     def schedule():
         before = [r.request_id for r in sched.running if not r.is_finished]
@@ -84,7 +84,7 @@ def watch_preemptions(engine: LLMEngine) -> None:
             assert [r.request_id for r in sched.waiting][:k] == out.preempted[::-1]
         return out
 
-    sched.schedule, sched._watched = schedule, True
+    sched._plan_once, sched._watched = schedule, True
 
 
 def drain_checked(engine: LLMEngine) -> None:
@@ -100,7 +100,7 @@ def drain_checked(engine: LLMEngine) -> None:
             assert len({b.block_id for b in table}) == len(table)
         if engine.scheduler.running:
             check_usage(engine)
-    engine.scheduler.schedule()
+    engine.retire_finished()
     kv.check_invariants()
 
 
@@ -161,13 +161,11 @@ def test_blocks_freed_first_are_reused_first():
 def test_a_table_is_freed_tail_first_so_its_tail_is_evicted_first():
     kv = KVCacheManager(num_blocks=6, block_size=2)
     r = Request("a", [1, 2, 3, 4, 5, 6, 7], greedy(4))
-    kv.get_computed_blocks(r)
     table = kv.allocate_slots(r, r.num_tokens)
     assert table == [0, 1, 2, 3]
     kv.free(r)
     assert free_order(kv.pool) == [4, 5, 3, 2, 1, 0]
     s = Request("b", [9] * 9, greedy(1))
-    kv.get_computed_blocks(s)
     assert kv.allocate_slots(s, s.num_tokens) == [4, 5, 3, 2, 1]  # a's first block survives longest
     kv.check_invariants()
 
@@ -232,15 +230,15 @@ def test_hash_chain_depends_on_everything_before_the_block():
     a = Request("a", [1, 2, 3, 4] + toks + [0], greedy(1))
     compute_prompt(kv, a)
     b = Request("b", [1, 2, 3, 9] + toks + [0], greedy(1))
-    assert kv.get_computed_blocks(b) == 0
+    assert kv.get_computed_blocks(b) == ([], 0)
     c = Request("c", [1, 2, 3, 4] + toks + [0], greedy(1))
-    assert kv.get_computed_blocks(c) == 8
+    assert kv.get_computed_blocks(c)[1] == 8
 
 
 def compute_prompt(kv: KVCacheManager, r: Request) -> list[int]:
     """Admit ``r`` as the scheduler does and pretend its prompt ran; its new block ids."""
-    hit = kv.get_computed_blocks(r)
-    ids = kv.allocate_slots(r, r.num_tokens - hit)
+    hits, hit = kv.get_computed_blocks(r)
+    ids = kv.allocate_slots(r, r.num_tokens - hit, hits)
     assert ids is not None
     r.num_computed_tokens = r.num_tokens
     kv.cache_full_blocks(r)
@@ -262,8 +260,8 @@ def test_lookup_stops_at_the_first_miss():
     kv.pool.free([tail])
     assert kv.pool.blocks[1].block_hash is None and tail.block_hash is not None
     b = Request("b", list(range(12)) + [99], greedy(1))
-    assert kv.get_computed_blocks(b) == B  # block 2 is still cached, but after a miss
-    assert kv._pending_hits["b"] == [kv.pool.blocks[0]]
+    # block 2 is still cached, but after a miss
+    assert kv.get_computed_blocks(b) == ([kv.pool.blocks[0]], B)
 
 
 def test_a_whole_prompt_match_still_computes_the_last_token():
@@ -272,15 +270,15 @@ def test_a_whole_prompt_match_still_computes_the_last_token():
         a = Request("a", list(range(8)), greedy(1))
         compute_prompt(kv, a)
         same = Request("same", list(range(8)), greedy(1))
-        hit = kv.get_computed_blocks(same)
-        assert hit % B == 0 and hit < same.num_tokens and hit == 8 - B
-        ids = kv.allocate_slots(same, same.num_tokens - hit)
+        hits, hit = kv.get_computed_blocks(same)
+        assert hit % B == 0 and hit < same.num_tokens and hit == 8 - B == len(hits) * B
+        ids = kv.allocate_slots(same, same.num_tokens - hit, hits)
         assert ids[:hit // B] == [b.block_id for b in kv.tables["a"][:hit // B]]
         assert len(ids) == 8 // B and ids[-1] not in kv.block_table("a")  # the last block is its own
         longer = Request("longer", list(range(9)), greedy(1))
-        assert kv.get_computed_blocks(longer) == 8
+        assert kv.get_computed_blocks(longer)[1] == 8
         one = Request("one", [0], greedy(1))
-        assert kv.get_computed_blocks(one) == 0
+        assert kv.get_computed_blocks(one) == ([], 0)
         kv.check_invariants()
 
 
@@ -292,14 +290,16 @@ def test_a_refused_allocation_counts_the_free_hits_against_the_pool():
     other = Request("o", [7], greedy(1))
     compute_prompt(kv, other)  # takes the never-used block 3
     b = Request("b", [1, 2, 3, 4, 6, 6, 6, 6], greedy(1))
-    assert kv.get_computed_blocks(b) == 4  # two free cached blocks
+    hits, n = kv.get_computed_blocks(b)
+    assert n == 4 and len(hits) == 2  # two free cached blocks
     before = snapshot(kv)
     # b needs its 2 hits and 2 new blocks; 3 are free (2 of them the hits)
-    assert kv.allocate_slots(b, b.num_tokens - 4) is None
+    assert kv.allocate_slots(b, b.num_tokens - 4, hits) is None
     assert snapshot(kv) == before
     kv.free(other)
-    assert kv.get_computed_blocks(b) == 4
-    assert kv.allocate_slots(b, b.num_tokens - 4) is not None
+    hits, n = kv.get_computed_blocks(b)
+    assert n == 4
+    assert kv.allocate_slots(b, b.num_tokens - 4, hits) is not None
     kv.check_invariants()
 
 
@@ -308,7 +308,7 @@ def test_without_prefix_caching_nothing_is_hashed_or_hit():
     a = Request("a", [1, 2, 3, 4, 5], greedy(1))
     compute_prompt(kv, a)
     assert not kv.pool.cached and all(b.block_hash is None for b in kv.pool.blocks)
-    assert kv.get_computed_blocks(Request("b", [1, 2, 3, 4, 5], greedy(1))) == 0
+    assert kv.get_computed_blocks(Request("b", [1, 2, 3, 4, 5], greedy(1))) == ([], 0)
 
 
 # --- 1b. property test: random operations on a small pool ----------------------------------------
@@ -361,15 +361,15 @@ class Shadow:
 
     def admit(self, r: Request) -> bool:
         kv = self.kv
-        hit = kv.get_computed_blocks(r)
+        hits, hit = kv.get_computed_blocks(r)
         assert hit == self.expected_hit(r) and hit % self.B == 0 and hit < r.num_tokens
-        hits = kv._pending_hits.get(r.request_id, [])
+        assert hit == len(hits) * self.B
         for i, b in enumerate(hits):  # a hit serves exactly the prompt's tokens
             assert self.content[b.block_id] == r.all_token_ids[i * self.B:(i + 1) * self.B]
         before = snapshot(kv)
         free_hits = sum(1 for b in hits if b.ref_cnt == 0)
         short = cdiv(r.num_tokens, self.B) - len(hits) + free_hits > kv.num_free
-        ids = kv.allocate_slots(r, r.num_tokens - hit)
+        ids = kv.allocate_slots(r, r.num_tokens - hit, hits)
         if ids is None:
             assert short and snapshot(kv) == before
             return False
@@ -417,7 +417,7 @@ class Shadow:
     def check(self) -> None:
         kv, pool = self.kv, self.kv.pool
         kv.check_invariants()
-        holders = kv.holders()
+        holders = kv.tables_per_block()
         assert pool.num_free + pool.num_used == pool.num_blocks
         assert pool.num_used == len(holders) and set(kv.tables) == set(self.live)
         for rid, r in self.live.items():
@@ -473,7 +473,7 @@ def test_property_random_operations_keep_the_pool_consistent(program):
     for rid in list(sh.live):
         sh.free(sh.live[rid])
         sh.check()
-    assert kv.num_free == num_blocks and not kv.tables and kv.holders() == {}
+    assert kv.num_free == num_blocks and not kv.tables and kv.tables_per_block() == {}
     assert pool_is_all_free(kv.pool)
 
 
@@ -722,7 +722,7 @@ def check_usage(engine: LLMEngine) -> dict:
         else:
             assert v["reserved"] == engine.max_model_len
     if isinstance(kv, KVCacheManager):
-        assert u["blocks_used"] == len(kv.holders())
+        assert u["blocks_used"] == len(kv.tables_per_block())
     return u
 
 
@@ -750,7 +750,7 @@ def test_paged_kv_wastes_less_than_contiguous_rows(tiny, workload, policy):
             engine.step()
             if engine.scheduler.running:
                 check_usage(engine)
-        engine.scheduler.schedule()
+        engine.retire_finished()
         end = engine.kv_usage()
         assert end["blocks_used"] == 0 and end["utilization"] == 1.0 and end["tokens"] == 0
 
@@ -789,7 +789,7 @@ def test_simulator_makes_the_paged_engines_decisions(sim_pairs, tiny, policy, bs
     real, sim = sim_pairs[policy, bs, size, caching]
     assert len(sim.history) > 1
     assert schedule(sim) == schedule(real)
-    assert [h.slots for h in sim.history] == [h.slots for h in real.history]
+    assert [h.holders for h in sim.history] == [h.holders for h in real.history]
     ru, su = real.kv_usage(), sim.kv_usage()
     for key in ("num_preemptions", "preempted_tokens", "prefix_hit_tokens", "prefix_queried_tokens",
                 "evictions"):

@@ -133,7 +133,7 @@ def test_engine_release_forgets_finished_requests_only(tiny):
     # Still held by the scheduler until it is retired: its id cannot be reused meanwhile.
     with pytest.raises(RequestRejected, match="ya existe"):
         engine.add_request([5], SamplingParams(max_tokens=1), request_id=req.request_id)
-    engine.scheduler.schedule()
+    engine.retire_finished()
     assert engine.kv_usage()["blocks_used"] == 0 and not engine.scheduler.running
     engine.scheduler.kv.check_invariants()
     assert engine.add_request([5], SamplingParams(max_tokens=1)).request_id != req.request_id

@@ -71,7 +71,7 @@ def real_engine(model, width: int, policy: str, clock: bool = False) -> LLMEngin
 def drain(engine: LLMEngine) -> None:
     while engine.has_unfinished_requests():
         engine.step()
-    engine.scheduler.schedule()
+    engine.retire_finished()
 
 
 def cost_of(config, h, dtype="bf16") -> float:
@@ -103,7 +103,7 @@ def test_simulator_makes_the_real_engines_decisions(offline, items, policy, widt
     real, sim = offline[policy, width]
     assert len(sim.history) > 1
     assert schedule(sim) == schedule(real)
-    assert [h.slots for h in sim.history] == [h.slots for h in real.history]
+    assert [h.holders for h in sim.history] == [h.holders for h in real.history]
     for i, (_, n) in enumerate(items):
         r, s = real.requests[f"r{i}"], sim.requests[f"r{i}"]
         assert s.output_token_ids == [SIM_TOKEN] * n and len(r.output_token_ids) == n

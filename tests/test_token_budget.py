@@ -21,7 +21,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ai_evolution.engine import (LLM, ContiguousSlots, FinishReason, KVCacheManager, LLMEngine,
+from ai_evolution.engine import (LLM, ContiguousKVManager, FinishReason, KVCacheManager, LLMEngine,
                                  ModelRunner, PolicyError, Request, RequestStatus, Scheduler,
                                  build_engine, newest_unfinished, tokens_for)
 from ai_evolution.model.tokenizer import load_tokenizer
@@ -79,7 +79,7 @@ class Watch:
         self.events: list[tuple[int, str, int, int, list[int]]] = []
         self.admissions: list[tuple[int, str, int, list[int]]] = []  # (step, id, start, block table)
         sched = engine.scheduler
-        inner = sched.schedule
+        inner = sched._plan_once  # each planning round (schedule() may plan several)
 
         def watched():
             before = self._state()
@@ -87,7 +87,7 @@ class Watch:
             self._check(out, before)
             return out
 
-        sched.schedule = watched
+        sched._plan_once = watched
 
     def _state(self) -> dict:
         s = self.engine.scheduler
@@ -123,7 +123,7 @@ class Watch:
             for v in out.preempted:
                 r = self.engine.requests[v]
                 assert r.status is RequestStatus.PREEMPTED and r.num_computed_tokens == 0
-                assert r not in s.running and v not in s.kv.owners and v not in got
+                assert r not in s.running and v not in s.kv.holders and v not in got
                 self.events.append((out.step, v, b["computed"][v], b["outputs"][v], b["tables"][v]))
         # running first (join order), then the admissions (queue order)
         survivors = [rid for rid in b["unfinished"] if rid not in out.preempted]
@@ -157,7 +157,7 @@ class Watch:
                 assert x.num_tokens == n >= 1, (out.step, rid)
                 left -= n
             # continuous batching over free rows stops admitting only when the budget says so
-            if (s.policy_name == "continuous" and isinstance(s.kv, ContiguousSlots) and s.waiting
+            if (s.policy_name == "continuous" and isinstance(s.kv, ContiguousKVManager) and s.waiting
                     and len(s.running) < s.max_num_seqs):
                 assert tokens_for(s.waiting[0].num_tokens, left, chunked) == 0
 
@@ -189,7 +189,7 @@ def drain(engine: LLMEngine) -> None:
                 assert e.context_len < r.num_tokens and len(r.token_times) == before[e.request_id]
         if paged:
             engine.scheduler.kv.check_invariants()
-    engine.scheduler.schedule()  # retire the last finished requests
+    engine.retire_finished()
 
 
 def check_runs(engine: LLMEngine) -> None:
@@ -510,7 +510,7 @@ def test_preempted_request_goes_first_and_recomputes_what_it_had(small, caching)
     assert computed == 12 + outputs - 1 and outputs > 0 and len(old_table) == cdiv(computed, 4)
     # the step that preempted (it ran A alone) left a place free for C, and C was not admitted
     assert [e.request_id for e in hist[step].scheduled] == ["A"]
-    assert "C" not in hist[step].slots and len(hist[step].slots) == 1
+    assert "C" not in hist[step].holders and len(hist[step].holders) == 1
     # B came back before C (head of the queue) and recomputed prompt + generated tokens
     returns = [(at, start, table) for at, rid, start, table in w.admissions if rid == "B"][1:]
     c_first = next(at for at, rid, *_ in w.admissions if rid == "C")
@@ -652,7 +652,7 @@ def test_simulator_makes_the_budgeted_engines_decisions(tiny, workload, case):
     for e in (real, sim):
         serve(e, items)
     assert schedule(sim) == schedule(real) and len(sim.history) > 1
-    assert [h.slots for h in sim.history] == [h.slots for h in real.history]
+    assert [h.holders for h in sim.history] == [h.holders for h in real.history]
     assert sim.watch.events == real.watch.events and sim.watch.admissions == real.watch.admissions
     ru, su = real.kv_usage(), sim.kv_usage()
     for key in ("num_preemptions", "preempted_tokens", "prefix_hit_tokens", "prefix_queried_tokens",

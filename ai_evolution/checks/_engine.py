@@ -15,20 +15,8 @@ TOY_CONFIG = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads
 
 def trace(engine: LLMEngine, items) -> list[tuple]:
     """Run ``items`` through ``engine`` and return, per executed step, (admitted, retired,
-    [(request id, tokens)], preempted)."""
-    steps = []
-    original = engine.scheduler.schedule
-
-    def traced():
-        out = original()
-        if not out.is_empty:
-            steps.append((out.admitted, out.retired, [(s.request_id, s.num_tokens) for s in out.scheduled],
-                          out.preempted))
-        return out
-
-    engine.scheduler.schedule = traced
-    try:
-        engine.run(items)
-    finally:
-        engine.scheduler.schedule = original
-    return steps
+    [(request id, tokens)], preempted), as the engine's history records them."""
+    first = len(engine.history)
+    engine.run(items)
+    return [(list(rec.admitted), list(rec.retired), [(e.request_id, e.num_tokens) for e in rec.scheduled],
+             list(rec.preempted)) for rec in engine.history[first:]]

@@ -3,18 +3,19 @@ cache layout and a model runner, in vLLM's vocabulary (``LLM``, ``SamplingParams
 ``Scheduler``, ``ModelRunner``)."""
 
 from .block_pool import BlockPool, KVBlock
-from .kv_cache import ContiguousSlots, KVCacheManager, find_cached_prefix, hash_block
+from .kv_cache import (ContiguousKVManager, KVCacheManager, KVManager, block_hashes,
+                       find_cached_prefix, hash_block)
 from .llm import KV_LAYOUTS, LLM, Executor, LLMEngine, StepEntry, StepRecord, build_engine
 from .request import (FinishReason, Request, RequestOutput, RequestRejected, RequestStatus,
                       SamplingParams, request_metrics)
-from .runner import ModelRunner
+from .runner import BlockKVCache, ModelRunner
 from .scheduler import (POLICIES, BatchPlan, Policy, PolicyError, ScheduledRequest, Scheduler,
                         SchedulerOutput, continuous_batching, newest_unfinished, static_batching,
                         tokens_for)
 
 __all__ = [
-    "BlockPool", "KVBlock", "KVCacheManager", "find_cached_prefix", "hash_block", "KV_LAYOUTS", "build_engine",
-    "ContiguousSlots", "LLM", "Executor", "LLMEngine", "StepEntry", "StepRecord", "FinishReason", "Request",
+    "BlockPool", "KVBlock", "KVCacheManager", "KVManager", "block_hashes", "find_cached_prefix",
+    "hash_block", "KV_LAYOUTS", "build_engine", "BlockKVCache", "ContiguousKVManager", "LLM", "Executor", "LLMEngine", "StepEntry", "StepRecord", "FinishReason", "Request",
     "RequestOutput", "RequestRejected", "RequestStatus", "SamplingParams", "request_metrics",
     "ModelRunner", "POLICIES", "BatchPlan", "Policy", "PolicyError", "ScheduledRequest",
     "Scheduler", "SchedulerOutput", "continuous_batching", "static_batching", "newest_unfinished",

@@ -1,8 +1,15 @@
 """The engine's step loop (``LLMEngine``) and the offline facade (``LLM``).
 
 ``LLMEngine.step()`` is one iteration: schedule, execute, record. A lab can call it by hand and
-inspect ``engine.history`` (what every step ran, when, in which KV row) and every request's
-timing record. ``LLM.generate`` is the vLLM-style shortcut that runs the loop to completion.
+inspect ``engine.history`` (what every step ran, when, who joined, left or was preempted, who held
+KV) and every request's timing record. ``LLM.generate`` is the vLLM-style shortcut that runs the
+loop to completion.
+
+One request's path: ``add_request`` validates it and queues it in the scheduler; each ``step()``
+asks the scheduler for a ``SchedulerOutput`` (the policy retires and admits; the KV manager gives
+blocks), the executor runs it and returns the sampled tokens, and ``update_from_output`` appends
+them and finishes the request on a stop token or its length. When nothing is left to run,
+``retire_finished()`` frees the KV of the last finished requests.
 """
 
 from __future__ import annotations
@@ -20,24 +27,31 @@ from ..model.decoder import Transformer
 from ..model.tokenizer import Tokenizer, load_tokenizer, shipped_names
 from .request import (FinishReason, Request, RequestOutput, RequestRejected, RequestStatus,
                       SamplingParams, validate_prompt)
-from .kv_cache import ContiguousSlots, KVCacheManager
+from .kv_cache import ContiguousKVManager, KVCacheManager, KVManager
 from .runner import ModelRunner
 from .scheduler import Policy, PolicyError, Scheduler, SchedulerOutput
 
 
 class Executor(Protocol):
-    """What the engine needs from whoever runs a step: the real model or the simulator."""
+    """What the engine needs from whoever runs a step: the real model (``ModelRunner``) or the
+    simulator (``SimExecutor``). Its partner on the scheduler's side is ``KVManager``."""
 
-    def now(self) -> float: ...
-    def idle_until(self, t: float) -> None: ...
-    def execute(self, out: SchedulerOutput) -> dict[str, int | Exception]: ...
+    def now(self) -> float:
+        """The clock every timestamp is read from (seconds)."""
+
+    def idle_until(self, t: float) -> None:
+        """Nothing to run before ``t``: let the clock reach it."""
+
+    def execute(self, out: SchedulerOutput) -> dict[str, int | Exception]:
+        """Run the step: the sampled token of every request whose pending tokens it completed
+        (or the exception its part raised)."""
 
 
 class StepEntry(NamedTuple):
     """One request's part in a step."""
 
     request_id: str
-    slot: int
+    first_block: int  # with the contiguous layout, the request's row
     num_tokens: int   # tokens computed for it in this step
     context_len: int  # tokens in its cache after the step
     is_prefill: bool
@@ -45,14 +59,18 @@ class StepEntry(NamedTuple):
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One executed step: when it ran and what each KV row held."""
+    """One executed step: when it ran, what it computed, who joined, left or was preempted to
+    make it, and who held KV (finished-but-held requests too)."""
 
     step: int
     start: float
     end: float
     scheduled: tuple[StepEntry, ...]
-    slots: dict[str, int]  # every holder of a row (finished-but-held ones too) -> slot
-    num_slots: int
+    holders: dict[str, int]  # every request holding KV -> its first block (its row, contiguous)
+    num_blocks: int
+    admitted: tuple[str, ...] = ()
+    retired: tuple[str, ...] = ()
+    preempted: tuple[str, ...] = ()
 
     @property
     def duration(self) -> float:
@@ -95,18 +113,22 @@ class LLMEngine:
     def now(self) -> float:
         return self.executor.now()
 
+    @property
+    def num_running(self) -> int:
+        """Requests in the batch that have not finished."""
+        return self.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission (preempted ones included)."""
+        return self.scheduler.num_waiting
+
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> Request:
         """Queue a request (it may arrive while others run). Invalid input raises
         ``RequestRejected`` and leaves the engine exactly as it was."""
         params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise RequestRejected(f"params debe ser un SamplingParams; se recibió {type(params).__name__}")
-        problems = params.problems(self.vocab_size)
-        if problems:
-            raise RequestRejected("; ".join(problems))
-        prompt = validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
-        self._check_fits(len(prompt), params)
+        prompt = self._validate(prompt_token_ids, params)
         if request_id is None:
             request_id = str(next(self._ids))
             while request_id in self.requests:
@@ -124,6 +146,17 @@ class LLMEngine:
         self.scheduler.add_request(req)
         return req
 
+    def _validate(self, prompt_token_ids, params) -> list[int]:
+        """The prompt as a list of ids, or ``RequestRejected`` naming what is wrong."""
+        if not isinstance(params, SamplingParams):
+            raise RequestRejected(f"params debe ser un SamplingParams; se recibió {type(params).__name__}")
+        problems = params.problems(self.vocab_size)
+        if problems:
+            raise RequestRejected("; ".join(problems))
+        prompt = validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
+        self._check_fits(len(prompt), params)
+        return prompt
+
     def _check_fits(self, prompt_len: int, params: SamplingParams) -> None:
         longest = min(prompt_len + params.max_tokens, self.max_model_len)
         capacity = self.scheduler.kv.capacity_tokens
@@ -138,10 +171,6 @@ class LLMEngine:
         out = self.scheduler.kv.usage(self.requests)
         out["num_preemptions"] = self.scheduler.num_preemptions
         out["preempted_tokens"] = self.scheduler.preempted_tokens
-        if isinstance(self.scheduler.kv, KVCacheManager):
-            kv = self.scheduler.kv
-            out.update(prefix_hit_tokens=kv.hit_tokens, prefix_queried_tokens=kv.queried_tokens,
-                       evictions=kv.pool.evictions)
         return out
 
     def abort_request(self, request_id: str) -> None:
@@ -155,8 +184,8 @@ class LLMEngine:
 
         ``requests`` keeps every request ever added, so that a lab can read their timing records
         afterwards; a long-running server calls this once it has reported a request, so that
-        memory stays bounded. The scheduler still retires the request (and frees its KV) at its
-        next ``schedule()``, as for any finished request. An unknown id, or a request that has not
+        memory stays bounded. The request still leaves the batch (and frees its KV) when the
+        policy retires it, or at ``retire_finished()``, as any finished request. An unknown id, or a request that has not
         finished, raises ``KeyError`` / ``ValueError`` and changes nothing.
         """
         req = self.requests.get(request_id)
@@ -171,11 +200,6 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, execute, record. Returns the requests that got a token."""
         out = self.scheduler.schedule()
-        # An empty step that retired or preempted someone changed the state: plan again.
-        for _ in range(4):
-            if not out.is_empty or not (out.retired or out.preempted):
-                break
-            out = self.scheduler.schedule()
         if out.is_empty:
             if self.scheduler.has_unfinished_requests():
                 waiting = [r.request_id for r in self.scheduler.waiting]
@@ -194,10 +218,11 @@ class LLMEngine:
                 self.scheduler.fail_request(s.request, failed[s.request_id], end)
         self.scheduler.update_from_output(out, sampled, end)
         self.history.append(StepRecord(out.step, start, end,
-                                       tuple(StepEntry(s.request_id, s.slot, s.num_tokens,
+                                       tuple(StepEntry(s.request_id, s.first_block, s.num_tokens,
                                                        s.context_len, s.is_prefill)
                                              for s in out.scheduled),
-                                       out.slots, out.num_slots))
+                                       out.holders, out.num_blocks, tuple(out.admitted),
+                                       tuple(out.retired), tuple(out.preempted)))
         return [RequestOutput.of(s.request) for s in out.scheduled
                 if s.request_id in sampled or s.request_id in failed]
 
@@ -229,11 +254,7 @@ class LLMEngine:
         invalid one raises ``RequestRejected`` naming its index, and nothing is added."""
         for i, (t, p, sp) in enumerate(arrivals):
             try:
-                problems = sp.problems(self.vocab_size) if isinstance(sp, SamplingParams) else \
-                    [f"params debe ser un SamplingParams; se recibió {type(sp).__name__}"]
-                if problems:
-                    raise RequestRejected("; ".join(problems))
-                self._check_fits(len(validate_prompt(p, self.vocab_size, self.max_model_len)), sp)
+                self._validate(p, sp)
                 if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
                     raise RequestRejected(f"el instante de llegada debe ser >= 0; se recibió {t!r}")
             except RequestRejected as err:
@@ -252,8 +273,13 @@ class LLMEngine:
                 self.step()
             elif k < len(pending):
                 self.executor.idle_until(pending[k][0])
-        self.scheduler.schedule()  # retire what finished last, so every KV row is free again
+        self.retire_finished()
         return [added[i] for i in range(len(pending))]
+
+    def retire_finished(self) -> list[str]:
+        """Free the KV of every finished request still in the batch (the work is over; see
+        ``Scheduler.retire_finished``). Returns their ids."""
+        return [r.request_id for r in self.scheduler.retire_finished()]
 
 
 def _step_error(step: int, err: BaseException, limit: int = 300) -> str:
@@ -296,7 +322,7 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
     if kv is not None:
         pass
     elif kv_layout == "contiguous":
-        kv = ContiguousSlots(max_num_seqs, max_model_len)
+        kv = ContiguousKVManager(max_num_seqs, max_model_len)
     elif kv_layout == "paged":
         if num_blocks is None:
             num_blocks = max_num_seqs * -(-max_model_len // block_size)
@@ -375,22 +401,23 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} SamplingParams; "
                              "give one, or one per prompt")
-        slots: list[Request | RequestOutput] = []
+        entries: list[Request | RequestOutput] = []
         for prompt, params in zip(prompts, sampling_params):
             try:
-                slots.append(self.engine.add_request(self._encode(prompt), params))
+                entries.append(self.engine.add_request(self._encode(prompt), params))
             except RequestRejected as e:
                 try:
                     ids = [] if isinstance(prompt, str) else list(
                         prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)
                 except TypeError:  # not a sequence at all (None, a number): nothing to echo
                     ids = []
-                slots.append(RequestOutput(f"rejected-{len(slots)}", ids, [], True, FinishReason.REJECTED, error=str(e)))
+                entries.append(RequestOutput(f"rejected-{len(entries)}", ids, [], True,
+                                             FinishReason.REJECTED, error=str(e)))
         while self.engine.has_unfinished_requests():
             self.engine.step()
-        self.engine.scheduler.schedule()  # retire the last finished requests
+        self.engine.retire_finished()
         outputs = []
-        for s in slots:
+        for s in entries:
             if isinstance(s, RequestOutput):
                 outputs.append(s)
                 continue
@@ -399,4 +426,4 @@ class LLM:
         return outputs
 
 
-__all__ = ["Executor", "KV_LAYOUTS", "LLM", "LLMEngine", "StepEntry", "StepRecord", "build_engine"]
+__all__ = ["Executor", "KVManager", "KV_LAYOUTS", "LLM", "LLMEngine", "StepEntry", "StepRecord", "build_engine"]

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from ..generation import SAMPLING_EPS
+from ..model.sampling import SAMPLING_EPS
 
 
 class RequestRejected(ValueError):

@@ -8,12 +8,13 @@ request has its own past), so it is split per request, which is Orca's *selectiv
 - decode tokens (one per request) attend in one batched call;
 - each prefill attends causally over its own prompt (and its cached prefix, if any).
 
-The KV cache is one tensor per layer of ``num_blocks`` blocks of ``block_size`` tokens
-(``[num_blocks, Hkv, block_size, D]``). A request's block table says which blocks hold its
-tokens: token ``p`` is written at block ``table[p // block_size]``, offset ``p % block_size`` (the
-*slot mapping*), and read back by gathering the table's blocks in order (PagedAttention's
-reference algorithm, in plain PyTorch). The contiguous layout is the case of one block of
-``max_model_len`` tokens per request, read through views without any copy.
+The KV cache is a ``BlockKVCache``: per layer, ``num_blocks`` blocks of ``block_size`` token
+slots (``[num_blocks, Hkv, block_size, D]`` for K and for V). A request's block table says which
+blocks hold its tokens: token ``p`` is written in the slot at block ``table[p // block_size]``,
+offset ``p % block_size`` (the *slot mapping*), and read back by gathering the table's blocks in
+order (PagedAttention's reference algorithm, in plain PyTorch). The contiguous layout is the case
+of one block of ``max_model_len`` tokens per request (its row), read through views without any
+copy.
 """
 
 from __future__ import annotations
@@ -24,11 +25,35 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..generation import pick_tokens
 from ..hardware import synchronize
-from ..model.attention import ContiguousKVCache
+from ..model.config import ModelConfig
 from ..model.decoder import Transformer
+from ..model.sampling import pick_tokens
 from .scheduler import SchedulerOutput
+
+
+class BlockKVCache:
+    """The engine's KV store, the same for every layout: per layer, K and V of ``num_blocks``
+    blocks of ``block_size`` token slots, ``[L, num_blocks, Hkv, block_size, D]``. Which request
+    owns which block is the scheduler's ``KVManager``'s business; the runner's attention writes
+    and reads through the block tables it is given. ``layer(i)`` is what the decoder calls."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks y block_size deben ser >= 1; se recibió {num_blocks}, {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def layer(self, i: int) -> tuple[Tensor, Tensor]:
+        """Views ``(k, v)`` of layer ``i``, each ``[num_blocks, Hkv, block_size, D]``."""
+        return self.k[i], self.v[i]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
 
 
 class ModelRunner:
@@ -47,9 +72,8 @@ class ModelRunner:
             raise ValueError(f"max_model_len={block_size} exceeds the model's "
                              f"max_position_embeddings={model.config.max_position_embeddings}")
         self.block_size = block_size
-        self.cache = ContiguousKVCache(model.config, num_blocks, block_size,
-                                       dtype=self.dtype, device=self.device)
-        self._layers = _SlotLayers(self.cache)
+        self.cache = BlockKVCache(model.config, num_blocks, block_size, dtype=self.dtype,
+                                  device=self.device)
         self._t0 = time.perf_counter()
 
     @classmethod
@@ -86,7 +110,7 @@ class ModelRunner:
         pos_t = torch.tensor(pos, device=dev)[None]                        # [1, N]
         attn = _SelectiveAttention(out, torch.tensor(blocks, device=dev),
                                    torch.tensor(offsets, device=dev), bs)
-        hidden = self.model.hidden_states(ids_t, pos_t, kv_cache=self._layers, attn_fn=attn)
+        hidden = self.model.hidden_states(ids_t, pos_t, kv_cache=self.cache, attn_fn=attn)
         samples = [s for s, i in zip(out.scheduled, last) if s.context_len == s.request.num_tokens]
         rows = [i for s, i in zip(out.scheduled, last) if s.context_len == s.request.num_tokens]
         if not samples:
@@ -115,14 +139,6 @@ class ModelRunner:
                 g.manual_seed(request.sampling_params.seed)
             request.generator = g
         return request.generator
-
-
-class _SlotLayers:
-    """The slot cache as the decoder sees it: ``layer(i)`` gives every slot's K/V of layer i
-    (the flat row has batch 1, so the decoder must not compare batch sizes)."""
-
-    def __init__(self, cache: ContiguousKVCache) -> None:
-        self.layer = cache.layer
 
 
 class _SelectiveAttention:

@@ -23,20 +23,26 @@ in what is left is split into chunks over several steps, running alongside the o
 (the vLLM v1 design: no separate prefill and decode phases). A chunk samples nothing; the token
 comes with the chunk that completes the prompt.
 
+Retirement: a request leaves the batch (and frees its KV) when the policy retires it, which
+for static batching is only when its whole batch has finished. ``retire_finished()`` is the end
+of the work: every finished request leaves, whatever the policy (``LLMEngine.run`` and
+``LLM.generate`` call it when nothing is left to run).
+
 Memory: the plan's admissions are applied in order while the KV cache can hold them (the rest
 keep waiting, first come first served). With paged KV a running request may find no block for
 its next token; then the newest running request is **preempted by recompute**: its blocks are
 freed, its computed tokens forgotten, and it goes back to the head of the queue (whatever of its
-prefix is still cached is reused when it returns). A step that preempts admits nobody.
+prefix is still cached is reused when it returns; vLLM's reason to take the newest is
+first-come-first-served priority). A step that preempts admits nobody.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
-from .kv_cache import ContiguousSlots, KVCacheManager
+from .kv_cache import ContiguousKVManager, KVManager
 from .request import FinishReason, Request, RequestStatus
 
 
@@ -98,7 +104,7 @@ class ScheduledRequest:
         return self.request.request_id
 
     @property
-    def slot(self) -> int:
+    def first_block(self) -> int:
         """The first block: with the contiguous layout, the request's KV row."""
         return self.block_ids[0]
 
@@ -118,12 +124,15 @@ class ScheduledRequest:
 
 @dataclass
 class SchedulerOutput:
+    """One step's plan: what runs (``scheduled``), who joined, left or was preempted to make it,
+    and who holds KV after it (finished requests still in the batch too)."""
+
     step: int
     scheduled: list[ScheduledRequest]
     admitted: list[str]
     retired: list[str]
-    slots: dict[str, int]  # every request holding KV after the plan (finished ones too) -> first block
-    num_slots: int
+    holders: dict[str, int]  # every request holding KV after the plan -> its first block
+    num_blocks: int
     preempted: list[str] = field(default_factory=list)
 
     @property
@@ -145,8 +154,9 @@ def tokens_for(want: int, budget: float, chunked: bool) -> int:
 
 
 def newest_unfinished(running: Sequence[Request]) -> Request:
-    """The preemption victim: the most recently admitted request that has not finished (it has
-    the least work to lose and arrived last)."""
+    """The preemption victim, as vLLM chooses it: the most recently admitted request that has
+    not finished (first come, first served: the last to arrive yields first; it is not always
+    the one that loses least work, since a long prompt admitted last loses most)."""
     return next(r for r in reversed(running) if not r.is_finished)
 
 
@@ -154,7 +164,7 @@ class Scheduler:
     """FCFS queue + running batch + KV placement, driven by a batching policy."""
 
     def __init__(self, max_num_seqs: int, max_model_len: int, policy: str | Policy = "continuous",
-                 kv: ContiguousSlots | KVCacheManager | None = None,
+                 kv: KVManager | None = None,
                  max_num_batched_tokens: int | None = None,
                  enable_chunked_prefill: bool = False, token_fn=None, victim_fn=None) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
@@ -175,7 +185,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.policy_name, self.policy = resolve_policy(policy)
-        self.kv = kv if kv is not None else ContiguousSlots(max_num_seqs, max_model_len)
+        self.kv = kv if kv is not None else ContiguousKVManager(max_num_seqs, max_model_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # holders of KV, in join order
         self._step = 0
@@ -192,7 +202,7 @@ class Scheduler:
             if r.request_id == request_id and not r.is_finished:
                 if r in self.waiting:
                     self.waiting.remove(r)
-                    self.kv.free(r)  # drops any pending prefix lookup too
+                    self.kv.free(r)
                 self._finish(r, FinishReason.ABORT, now)
                 return r
         return None
@@ -211,8 +221,43 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting) or any(not r.is_finished for r in self.running)
 
+    @property
+    def num_running(self) -> int:
+        """Requests in the batch that have not finished."""
+        return sum(1 for r in self.running if not r.is_finished)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def retire_finished(self) -> list[Request]:
+        """The work is over: every finished request leaves the batch and frees its KV, whatever
+        the policy (static batching holds finished members until its batch ends: this is that
+        end). Returns them, in batch order."""
+        done = [r for r in self.running if r.is_finished]
+        for r in done:
+            self.running.remove(r)
+            self.kv.free(r)
+        return done
+
     # --- one step ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """Plan the next step (see ``_plan_once``). A plan that changes the batch (retires or
+        preempts) but leaves nothing to run is followed by a fresh plan on the new state (e.g.
+        static batching on paged KV: its last unfinished member yields its blocks to members that
+        have finished, and only the next plan retires them and admits the next batch). Each such
+        round takes at least one request out of the batch and admits none, so there are at most
+        ``len(running) + 1`` rounds; the output lists every round's retirements and preemptions."""
+        retired: list[str] = []
+        preempted: list[str] = []
+        while True:
+            out = self._plan_once()
+            retired += out.retired
+            preempted += out.preempted
+            if not out.is_empty or not (out.retired or out.preempted):
+                return replace(out, retired=retired, preempted=preempted)
+
+    def _plan_once(self) -> SchedulerOutput:
         """Apply the policy's plan, find KV for every running request's new tokens (preempting
         the newest running requests if memory is short), admit what fits, and list the work."""
         running, waiting = list(self.running), list(self.waiting)
@@ -249,11 +294,11 @@ class Scheduler:
         admitted = []
         if not preempted:  # a step that had to preempt admits nobody
             for r in plan.admit:
-                hit = self.kv.get_computed_blocks(r)
-                n = self._tokens(r.num_tokens - hit, budget)
-                if n == 0 or self.kv.allocate_slots(r, n) is None:
+                cached_blocks, cached_tokens = self.kv.get_computed_blocks(r)
+                n = self._tokens(r.num_tokens - cached_tokens, budget)
+                if n == 0 or self.kv.allocate_slots(r, n, cached_blocks) is None:
                     break  # FCFS: the rest wait behind it
-                r.num_computed_tokens = hit
+                r.num_computed_tokens = cached_tokens  # the prefix the cache already holds
                 self.waiting.remove(r)
                 self.running.append(r)
                 r.status = RequestStatus.RUNNING
@@ -264,7 +309,7 @@ class Scheduler:
                                       work[r.request_id])
                      for r in self.running if r.request_id in work]
         out = SchedulerOutput(self._step, scheduled, [r.request_id for r in admitted],
-                              [r.request_id for r in plan.retire], self.kv.owners, self.kv.num_blocks,
+                              [r.request_id for r in plan.retire], self.kv.holders, self.kv.num_blocks,
                               [r.request_id for r in preempted])
         if scheduled:
             self._step += 1

@@ -87,14 +87,14 @@ def simulate(config, cost_model: RooflineCostModel, items: list[WorkItem], polic
     return requests, engine.history
 
 
-def occupancy(history: list[StepRecord], num_slots: int) -> dict:
-    """How full the batch was: mean running requests per step, and the share of slot-steps that
+def occupancy(history: list[StepRecord], num_rows: int) -> dict:
+    """How full the batch was: mean running requests per step, and the share of row-steps that
     were held by a request with nothing to do (finished but not released)."""
     steps = len(history)
     busy = sum(h.batch_size for h in history)
-    held = sum(len(h.slots) for h in history)
+    held = sum(len(h.holders) for h in history)
     return {"steps": steps, "mean_batch": busy / steps,
-            "idle_held_fraction": (held - busy) / (steps * num_slots)}
+            "idle_held_fraction": (held - busy) / (steps * num_rows)}
 
 
 def step_costs(config, history: list[StepRecord], dtype: str):

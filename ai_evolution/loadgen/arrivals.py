@@ -290,5 +290,5 @@ def closed_loop(engine, clients: int, total_requests: int,
         done = sorted(c for c, r in in_flight.items() if r.is_finished)
         finish = {c: in_flight.pop(c).finish_time for c in done}
         send_all(done, lambda c: finish[c])
-    engine.scheduler.schedule()  # retire what finished last, as engine.run does
+    engine.retire_finished()  # as engine.run does
     return sent

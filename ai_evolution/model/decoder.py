@@ -200,7 +200,7 @@ class Transformer(nn.Module):
         layer calls ``(attn_fn or cached_attention)(q, k, v, k_cache_i, v_cache_i, positions)``,
         which stores the new K/V in the cache and attends to everything up to each position.
         Any object with ``layer(i) -> (k, v)`` can stand for the cache when ``attn_fn`` knows
-        its layout (the engine passes its slot cache with ``B = 1`` and all tokens in a row).
+        its layout (the engine passes its ``BlockKVCache`` with all tokens in one row, ``B = 1``).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids debe tener forma [B, T]; tiene {tuple(input_ids.shape)}")

@@ -204,7 +204,7 @@ class EngineLoop:
                         self._fail_all(f"error interno del motor: {type(err).__name__}: {err}")
                         continue
                     with self._lock:  # before anyone hears of this step: admissions count now
-                        self._queued = len(engine.scheduler.waiting)
+                        self._queued = engine.num_waiting
                     self._deliver(outputs)
                 self._publish()
         except BaseException as err:  # never die silently
@@ -314,15 +314,13 @@ class EngineLoop:
             log.exception("retiring finished requests failed")
 
     def _retire(self) -> None:
-        """Let the scheduler retire finished requests, so that their KV goes back to the pool."""
-        sched = self.engine.scheduler
-        if any(r.is_finished for r in sched.running):
-            sched.schedule()
+        """Retire finished requests, so that their KV goes back to the pool."""
+        self.engine.retire_finished()
 
     def _publish(self) -> None:
         engine = self.engine
         with self._lock:
-            self._queued = len(engine.scheduler.waiting)
+            self._queued = engine.num_waiting
             inbox = self._inbox_adds
         if len(engine.history) > self.max_history:
             del engine.history[:len(engine.history) - self.max_history]

@@ -84,9 +84,8 @@ class ServerMetrics:
 
     def update_engine(self, engine, inbox_waiting: int = 0) -> None:
         """Refresh the gauges from the engine (call from the engine's thread)."""
-        sched = engine.scheduler
-        self.running.set(sum(1 for r in sched.running if not r.is_finished))
-        self.waiting.set(len(sched.waiting) + inbox_waiting)
+        self.running.set(engine.num_running)
+        self.waiting.set(engine.num_waiting + inbox_waiting)
         u = engine.kv_usage()
         self.blocks_used.set(u["blocks_used"])
         self.blocks_total.set(u["blocks_total"])
