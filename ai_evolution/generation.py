@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .model.attention import AttentionFn, ContiguousKVCache
 from .model.decoder import Transformer
-from .model.sampling import SAMPLING_EPS, pick_tokens  # noqa: F401 - SAMPLING_EPS re-exported
+from .model.sampling import pick_tokens
 
 CACHE_KINDS = (None, "contiguous")
 

@@ -50,19 +50,12 @@ from decode_b1 import hf_model_from, ours_step_s  # noqa: E402
 from ai_evolution.engine import LLMEngine, ModelRunner, SamplingParams, Scheduler  # noqa: E402
 from ai_evolution.hardware import measure_bandwidth, measure_decode_matmul  # noqa: E402
 from ai_evolution.labs.continuous_batching import workload  # noqa: E402
-from ai_evolution.model import get_preset, load_pretrained, random_model  # noqa: E402
-from ai_evolution.model.tokenizer import shipped_names  # noqa: E402
+from ai_evolution.model import load_model  # noqa: E402
 from ai_evolution.sim import decode_step_cost, time_floor_s  # noqa: E402
 
 TARGET_VS_STATIC = 2.0
 TARGET_VS_HF = 1.5
 TARGET_B1 = 0.90
-
-
-def load_model(name: str):
-    if name in shipped_names():
-        return load_pretrained(name, dtype=torch.float32).eval()
-    return random_model(get_preset(name), seed=0).eval()
 
 
 def last_level_cache_bytes() -> int | None:

@@ -25,8 +25,8 @@ import torch
 from ..model.checkpoint import load_pretrained
 from ..model.decoder import Transformer
 from ..model.tokenizer import Tokenizer, load_tokenizer, shipped_names
-from .request import (FinishReason, Request, RequestOutput, RequestRejected, RequestStatus,
-                      SamplingParams, validate_prompt)
+from .request import (FinishReason, Request, RequestOutput, RequestRejected, SamplingParams,
+                      validate_prompt)
 from .kv_cache import ContiguousKVManager, KVCacheManager, KVManager
 from .runner import ModelRunner
 from .scheduler import Policy, PolicyError, Scheduler, SchedulerOutput

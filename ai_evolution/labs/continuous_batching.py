@@ -39,28 +39,17 @@ from ..fmt import es
 from ..hardware import get_device_spec, measure_bandwidth
 from ..loadgen import WorkItem, capped_exponential_lengths, fixed_prompt_workload
 from ..metrics import summarize
-from ..model import get_preset
+from ..model import get_preset, load_model
 from ..sim import RooflineCostModel, fit_cost_model, sim_engine, step_cost
 from ..timing import torch_threads
-from . import roofline
+from .common import SERVED_MODELS, dtype_name
 from .contract import datasheet_sim_limitation, evidence as _ev, threads_limitation
 from .registry import LabParamError, LabSpec, Param
 
-MODELS = ("tiny-es", "smollm2-135m", "cpu-200m")
 POLICY_NAMES = ("static", "continuous")
 SIM_ERROR_LIMIT = 0.15  # the chapter's criterion: the calibrated simulator within 15 % at every width
 CALIBRATION_SEED_OFFSET = 1  # the simulator's workloads differ from the experiment's and each
 VALIDATION_SEED_OFFSET = 2   # other: the fit never sees the workload it is judged on
-
-
-def load_model(name: str, seed: int, device: torch.device):
-    """The served model in fp32 (tiny-es trained, presets with seeded random weights)."""
-    return roofline.load_model(name, seed, torch.float32, device)
-
-
-def dtype_name(model) -> str:
-    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[
-        next(model.parameters()).dtype]
 
 
 def workload(num_requests: int, prompt_len: int, mean_output: float, cap: int, vocab_size: int,
@@ -502,7 +491,7 @@ SPEC = LabSpec(
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo servido (pesos aleatorios salvo tiny-es)",
-                       choices=MODELS),
+                       choices=SERVED_MODELS),
         "num_requests": Param(96, int, "peticiones de la carga", min=2, max=10_000,
                               by_profile={"ci": 32, "gpu": 128}),
         "prompt_len": Param(32, int, "tokens de cada prompt", min=1, max=4096),

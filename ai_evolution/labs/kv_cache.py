@@ -22,44 +22,19 @@ import torch
 from .. import claims
 from ..fmt import es, es_bytes
 from ..generation import generate
-from ..model import (MemoryBudget, dtype_bytes, get_preset, kv_bytes, kv_bytes_per_token,
-                     memory_budget, param_count)
+from ..model import get_preset, kv_bytes, kv_bytes_per_token, load_model, param_count
 from ..model.attention import ContiguousKVCache
 from ..timing import fit_growth, interleaved_step_times, torch_threads
 from .contract import evidence as _ev, timing_limitation
-from .roofline import load_model as roofline_load_model
+from .common import SERVED_MODELS, worked_examples
 from .registry import LabParamError, LabSpec, Param
 
 ARITHMETIC_PRESETS = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.3",
                       "qwen3-0.6b", "smollm2-135m")
-TIMING_MODELS = ("tiny-es", "smollm2-135m", "cpu-200m")
 # Largest |difference| between two float32 computations of the same numbers in a different
 # order that still reads as rounding: a thousand times the float32 step of a value near 10
 # (a logit). A wrong cache (a missing token, a shifted position) moves values by 1e-2 to 1.
 ROUNDING_LIMIT = 1e-3
-
-
-def worked_examples() -> dict[str, MemoryBudget]:
-    """The chapter's worked memory budgets; the chapter and the lab both read them from here."""
-    llama2, llama31 = get_preset("llama-2-7b"), get_preset("llama-3.1-8b")
-    gpu24 = 24e9                      # a 24 GB consumer GPU
-    nominal_7b = 7e9 * dtype_bytes("fp16")  # the back-of-the-envelope "7B x 2 bytes"
-    h100, h100_utilization = 85.5e9, 0.92   # memory the runtime sees; fraction the engine takes
-    return {
-        "gpu24_7b": memory_budget(llama2, gpu24, max_len=4096, typical_len=512, dtype="fp16",
-                                  weights_bytes=nominal_7b),
-        "gpu24_7b_8kv": memory_budget(llama2.replace(num_kv_heads=8), gpu24, max_len=4096,
-                                      typical_len=512, dtype="fp16", weights_bytes=nominal_7b),
-        "gpu24_7b_exact": memory_budget(llama2, gpu24, max_len=4096, typical_len=512,
-                                        dtype="fp16"),
-        "h100_llama31_8b": memory_budget(llama31, h100, max_len=4096,
-                                         utilization=h100_utilization, dtype="bf16"),
-    }
-
-
-def load_timing_model(name: str, seed: int, device: torch.device):
-    """The shipped model with its trained weights, or a preset with seeded random weights."""
-    return roofline_load_model(name, seed, torch.float32, device)
 
 
 def check_params(params: dict, config) -> None:
@@ -368,7 +343,7 @@ def report(params: dict, facts: dict, timing: dict,
 
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
-    model = load_timing_model(params["model"], seed, device)
+    model = load_model(params["model"], seed, device)
     check_params(params, model.config)
     prompts = lab_prompts(model.config, params, seed)
     facts = measure_cache(model, params, prompts)
@@ -384,7 +359,7 @@ SPEC = LabSpec(
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo de las mediciones (tiny-es: pesos entrenados; "
-                       "los demás, pesos aleatorios)", choices=TIMING_MODELS),
+                       "los demás, pesos aleatorios)", choices=SERVED_MODELS),
         "dtype": Param("bf16", str, "dtype de la aritmética de memoria",
                        choices=("fp32", "fp16", "bf16", "int8")),
         "context_len": Param(4096, int, "contexto de referencia para la aritmética", min=1),

@@ -45,10 +45,10 @@ from ..hardware import get_device_spec
 from ..loadgen import open_loop_workload, poisson_arrivals, realized_rate
 from ..loadgen.inprocess import run_closed_loop, run_open_loop
 from ..metrics import bootstrap_ci, load_test_summary, percentile, summarize
-from ..model import get_preset
+from ..model import get_preset, load_model
 from ..sim import RooflineCostModel, sim_engine
 from .contract import datasheet_sim_limitation, evidence as _ev, timing_limitation
-from .continuous_batching import MODELS, load_model
+from .common import SERVED_MODELS
 from .registry import LabParamError, LabSpec, Param
 
 # Streams of seeds: the closed loop, the sweep, the repeats and the long runs draw independent
@@ -536,7 +536,7 @@ SPEC = LabSpec(
     folder="labs/06-observability",
     run=run,
     params={
-        "model": Param("tiny-es", str, "modelo servido", choices=MODELS),
+        "model": Param("tiny-es", str, "modelo servido", choices=SERVED_MODELS),
         "max_num_seqs": Param(8, int, "filas de caché KV del servidor (y clientes del bucle "
                               "cerrado)", min=1, max=1024),
         "prompt_len": Param(256, int, "tokens de cada prompt", min=1, max=100_000,

@@ -23,30 +23,18 @@ import numpy as np
 import torch
 
 from .. import claims
-from ..engine import (BlockPool, KVCacheManager, LLMEngine, SamplingParams, Scheduler,
-                      build_engine)
+from ..engine import BlockPool, KVCacheManager, LLMEngine, SamplingParams, build_engine
 from ..fmt import es
 from ..hardware import get_device_spec
-from ..loadgen import WorkItem, capped_exponential_lengths
+from ..loadgen import WorkItem, varied_workload
 from ..metrics import summarize
-from ..model import get_preset, kv_bytes_per_token
-from ..sim import RooflineCostModel, SimExecutor
+from ..model import get_preset, kv_bytes_per_token, load_model
+from ..sim import RooflineCostModel, sim_engine
 from ..timing import torch_threads
 from .contract import (datasheet_sim_limitation, evidence as _ev, threads_limitation,
                        timing_limitation)
-from .continuous_batching import MODELS, load_model
-from .kv_cache import worked_examples
+from .common import SERVED_MODELS, worked_examples
 from .registry import LabParamError, LabSpec, Param
-
-
-def varied_workload(num_requests: int, prompt_len: int, mean_output: float, cap: int,
-                    vocab_size: int, seed: int, min_prompt: int = 4) -> list[WorkItem]:
-    """Prompts of 4..``prompt_len`` tokens and exponential outputs: final lengths that vary."""
-    rng = np.random.default_rng(seed)
-    outs = capped_exponential_lengths(num_requests, mean_output, cap, seed)
-    lens = rng.integers(min_prompt, prompt_len + 1, num_requests)
-    return [WorkItem(0.0, rng.integers(3, vocab_size, int(n)).tolist(),
-                     SamplingParams(max_tokens=int(o), ignore_eos=True)) for n, o in zip(lens, outs)]
 
 
 def serve_tracked(engine: LLMEngine, items: list[WorkItem]) -> dict:
@@ -139,8 +127,7 @@ def eviction_study(config, params: dict, seed: int) -> list[dict]:
     need = -(-max_len // bs)
     for blocks in (need, 4 * need, 8 * need, 10 * need):
         kv = KVCacheManager(blocks, bs, max_len)
-        engine = LLMEngine(Scheduler(1, max_len, "continuous", kv=kv), SimExecutor(config, cost, "fp32"),
-                           config.vocab_size)
+        engine = sim_engine(config, cost, 1, max_len, dtype="fp32", kv=kv)
         engine.run([(0.0, system + [5] * params["user_len"], sp)])
         engine.run([(0.0, n + [6] * params["user_len"], sp) for n in noise])
         before = kv.hit_tokens
@@ -163,12 +150,11 @@ def datacenter(params: dict, seed: int) -> dict:
     out = {"kv_tokens": kv_tokens, "max_model_len": max_len}
     for name, kv, width in (("contiguous", None, kv_tokens // max_len),
                             ("paged", KVCacheManager(kv_tokens // 16, 16, max_len, False), 256)):
-        engine = LLMEngine(Scheduler(width, max_len, "continuous", kv=kv),
-                           SimExecutor(cfg, cost, "bf16"), cfg.vocab_size)
+        engine = sim_engine(cfg, cost, width, max_len, kv=kv)
         reqs = engine.run([(it.arrival_time, it.prompt_token_ids, it.params) for it in items])
         out[name] = {"max_num_seqs": width, "peak_batch": max(h.batch_size for h in engine.history),
                      "throughput_tok_s": summarize(reqs)["throughput_tok_s"],
-                     "num_preemptions": engine.scheduler.num_preemptions}
+                     "num_preemptions": engine.kv_usage()["num_preemptions"]}
     out["throughput_ratio"] = out["paged"]["throughput_tok_s"] / out["contiguous"]["throughput_tok_s"]
     return out
 
@@ -420,7 +406,7 @@ SPEC = LabSpec(
     folder="labs/04-paged-attention",
     run=run,
     params={
-        "model": Param("tiny-es", str, "modelo servido", choices=MODELS),
+        "model": Param("tiny-es", str, "modelo servido", choices=SERVED_MODELS),
         "num_requests": Param(64, int, "peticiones de la carga", min=2, max=10_000,
                               by_profile={"ci": 32}),
         "timing_repeats": Param(5, int, "pares intercalados cronometrados (contigua/bloques y "

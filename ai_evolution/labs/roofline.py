@@ -28,7 +28,7 @@ from .. import claims
 from ..fmt import es, es_bytes
 from ..hardware import (default_dtype, get_device_spec, measure_matmul,
                         measure_stream_bandwidths, synchronize)
-from ..model import get_preset, load_pretrained, random_model
+from ..model import get_preset, load_model
 from ..model.attention import ContiguousKVCache
 from ..sim import (RooflineCostModel, StepCost, decode_step_cost, departure_batch, ridge_point,
                    step_cost, time_floor_s)
@@ -40,12 +40,6 @@ MODELS = ("cpu-200m", "smollm2-135m", "qwen3-0.6b", "qwen2.5-0.5b", "tiny-es")
 
 # Reading the weights at the kernels' rate explains "most of the step" above this share.
 STEP_SHARE = 0.5
-
-
-def load_model(name: str, seed: int, dtype: torch.dtype, device: torch.device):
-    if name == "tiny-es":
-        return load_pretrained(name, dtype=dtype, device=device)
-    return random_model(get_preset(name), seed=seed, dtype=dtype, device=device).eval()
 
 
 def reference_roofline(config, dtype: str, batch_size: int, context_len: int,
@@ -489,7 +483,7 @@ def report(config, dtype_name: str, params: dict, measured: dict, step: dict,
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     dtype = default_dtype(device) if params["dtype"] == "auto" else getattr(torch, params["dtype"])
     dtype_name = str(dtype).removeprefix("torch.")
-    model = load_model(params["model"], seed, dtype, device)
+    model = load_model(params["model"], seed, device, dtype=dtype)
     measured = measure(model, params, seed)
     step = analyse_step(measured, model.config, dtype_name)
     curve = analyse_batching(measured, model.config, dtype_name, step)

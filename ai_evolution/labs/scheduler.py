@@ -21,17 +21,17 @@ import numpy as np
 import torch
 
 from .. import claims
-from ..engine import LLMEngine, SamplingParams, Scheduler, build_engine
+from ..engine import LLMEngine, SamplingParams, build_engine
 from ..fmt import es
 from ..hardware import get_device_spec
+from ..loadgen import varied_workload
 from ..metrics import percentile, summarize
-from ..model import get_preset
-from ..sim import RooflineCostModel, SimExecutor
+from ..model import get_preset, load_model
+from ..sim import RooflineCostModel, sim_engine
 from ..timing import torch_threads
 from .contract import (datasheet_sim_limitation, evidence as _ev, threads_limitation,
                        timing_limitation)
-from .continuous_batching import MODELS, load_model
-from .paged_attention import varied_workload
+from .common import SERVED_MODELS
 from .registry import LabParamError, LabSpec, Param
 
 
@@ -112,9 +112,8 @@ def tradeoff_sim(params: dict, seed: int) -> list[dict]:
     max_len = params["dc_long_prompt"] + 16
     out = []
     for budget in params["dc_budgets"]:
-        engine = LLMEngine(Scheduler(params["dc_decoders"] + 1, max_len, "continuous",
-                                     max_num_batched_tokens=budget, enable_chunked_prefill=True),
-                           SimExecutor(cfg, cost, "bf16"), cfg.vocab_size)
+        engine = sim_engine(cfg, cost, params["dc_decoders"] + 1, max_len,
+                            max_num_batched_tokens=budget, enable_chunked_prefill=True)
         row = long_prompt_arrival(engine, cfg.vocab_size, params["dc_decoders"], 512, 256,
                                   params["dc_long_prompt"], 4, seed)
         out.append({"budget": budget, **row})
@@ -348,7 +347,7 @@ SPEC = LabSpec(
     folder="labs/05-scheduler",
     run=run,
     params={
-        "model": Param("tiny-es", str, "modelo servido", choices=MODELS),
+        "model": Param("tiny-es", str, "modelo servido", choices=SERVED_MODELS),
         "max_model_len": Param(512, int, "tokens por petición como máximo", min=16, max=8192),
         "decoders": Param(8, int, "peticiones decodificando cuando llega el prompt largo", min=1,
                           max=1024, by_profile={"ci": 6}),

@@ -4,9 +4,10 @@ from .arrivals import (LENGTH_KINDS, ClosedLoopRun, burst_arrivals, closed_loop,
                        open_loop_workload, poisson_arrivals, realized_rate)
 from .http import HTTPRecord, arun_http, run_http
 from .inprocess import run_closed_loop, run_open_loop
-from .workload import WorkItem, capped_exponential_lengths, fixed_prompt_workload
+from .workload import WorkItem, capped_exponential_lengths, fixed_prompt_workload, varied_workload
 
-__all__ = ["WorkItem", "capped_exponential_lengths", "fixed_prompt_workload", "LENGTH_KINDS",
+__all__ = ["WorkItem", "capped_exponential_lengths", "fixed_prompt_workload", "varied_workload",
+           "LENGTH_KINDS",
            "ClosedLoopRun", "burst_arrivals", "closed_loop", "length_sampler",
            "open_loop_workload", "poisson_arrivals", "realized_rate",
            "HTTPRecord", "arun_http", "run_http", "run_closed_loop", "run_open_loop"]

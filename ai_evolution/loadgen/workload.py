@@ -45,3 +45,14 @@ def fixed_prompt_workload(num_requests: int, prompt_len: int, output_lens: list[
     prompts = rng.integers(first_token, vocab_size, (num_requests, prompt_len)).tolist()
     return [WorkItem(0.0, p, SamplingParams(max_tokens=int(n), ignore_eos=True))
             for p, n in zip(prompts, output_lens)]
+
+
+def varied_workload(num_requests: int, prompt_len: int, mean_output: float, cap: int,
+                    vocab_size: int, seed: int, min_prompt: int = 4) -> list[WorkItem]:
+    """Prompts of ``min_prompt``..``prompt_len`` tokens and capped exponential outputs, all at
+    t = 0: final lengths that vary (what paged KV and the scheduler's memory pressure need)."""
+    rng = np.random.default_rng(seed)
+    outs = capped_exponential_lengths(num_requests, mean_output, cap, seed)
+    lens = rng.integers(min_prompt, prompt_len + 1, num_requests)
+    return [WorkItem(0.0, rng.integers(3, vocab_size, int(n)).tolist(),
+                     SamplingParams(max_tokens=int(o), ignore_eos=True)) for n, o in zip(lens, outs)]

@@ -5,17 +5,20 @@ from .memory import (MemoryBudget, dtype_bytes, kv_bytes, kv_bytes_per_token, me
                      param_count, weight_bytes)
 from .presets import get_preset, preset_names
 
+from .shipped_models import SHIPPED_MODELS, shipped_model_dir, shipped_names
 __all__ = [
     "SUPPORTED_MODEL_TYPES", "ModelConfig", "MemoryBudget", "dtype_bytes", "kv_bytes",
     "kv_bytes_per_token", "memory_budget", "param_count", "weight_bytes", "get_preset",
-    "preset_names",
+    "preset_names", "SHIPPED_MODELS", "shipped_model_dir", "shipped_names", "WeightFormat",
+    "linear_shapes", "parse_weight_format", "quantized_weight_bytes",
 ]
 
 # The decoder and its checkpoints (imported last: checkpoint.py imports the modules above).
-from .checkpoint import CheckpointError, load_pretrained, random_model, save_pretrained  # noqa: E402
+from .checkpoint import (CheckpointError, load_model, load_pretrained, random_model,  # noqa: E402
+                         save_pretrained)
 from .decoder import Transformer  # noqa: E402
 
-__all__ += ["CheckpointError", "load_pretrained", "random_model", "save_pretrained", "Transformer"]
+__all__ += ["CheckpointError", "load_model", "load_pretrained", "random_model", "save_pretrained", "Transformer"]
 from .tokenizer import Tokenizer, load_tokenizer  # noqa: E402
 
 __all__ += ["Tokenizer", "load_tokenizer"]

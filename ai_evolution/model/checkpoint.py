@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 
 from .config import ModelConfig
 from .decoder import Transformer
-from .presets import SHIPPED_MODELS
+from .presets import get_preset
+from .shipped_models import SHIPPED_MODELS, shipped_model_dir
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -25,19 +26,6 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 class CheckpointError(ValueError):
     """A checkpoint folder exists but its content does not match the model it describes."""
-
-
-def shipped_model_dir(name: str) -> Path:
-    """Folder of a model shipped inside the package (``ai_evolution/model/shipped/<name>``)."""
-    if name not in SHIPPED_MODELS:
-        raise KeyError(f"modelo incluido desconocido {name!r}; modelos incluidos: {', '.join(SHIPPED_MODELS)}")
-    folder = Path(__file__).parent / "shipped" / name
-    if not folder.is_dir():
-        raise FileNotFoundError(
-            f"el modelo incluido {name!r} debería estar en {folder}, que no existe; "
-            "reinstall ai_evolution or regenerate the shipped weights"
-        )
-    return folder
 
 
 def _empty_model(config: ModelConfig, device: str | torch.device) -> Transformer:
@@ -166,6 +154,16 @@ def load_pretrained(name_or_path: str | Path, dtype: torch.dtype = torch.float32
     model.load_state_dict(state, strict=True, assign=True)
     model.tie_weights()
     return model.eval()
+
+
+def load_model(name: str, seed: int = 0, device: str | torch.device = "cpu", *,
+               dtype: torch.dtype = torch.float32) -> Transformer:
+    """A model by name, as the labs use them: a shipped model with its trained weights
+    (``"tiny-es"``), or a preset's configuration with seeded random weights (only the shapes
+    matter then: bytes read, FLOPs, time)."""
+    if name in SHIPPED_MODELS:
+        return load_pretrained(name, dtype=dtype, device=device)
+    return random_model(get_preset(name), seed=seed, dtype=dtype, device=device)
 
 
 def save_pretrained(model: Transformer, folder: str | Path, max_shard_bytes: int | None = None) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .config import ModelConfig
+from .shipped_models import SHIPPED_MODELS, shipped_model_dir
 
 _HF = "https://huggingface.co/{}/blob/main/config.json"
 
@@ -62,9 +63,6 @@ _PRESETS: dict[str, ModelConfig] = {
     ),
 }
 
-SHIPPED_MODELS = ("tiny-es",)
-
-
 def preset_names() -> list[str]:
     return sorted(_PRESETS) + list(SHIPPED_MODELS)
 
@@ -75,8 +73,6 @@ def get_preset(name: str) -> ModelConfig:
     if key in _PRESETS:
         return _PRESETS[key]
     if key in SHIPPED_MODELS:
-        from .checkpoint import shipped_model_dir
-
         return ModelConfig.from_hf_config(shipped_model_dir(key), name=key).replace(
             source=f"shipped with ai_evolution (ai_evolution/model/shipped/{key})"
         )

@@ -12,18 +12,11 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
+from .shipped_models import SHIPPED_ROOT, shipped_names
 
 BOS_TOKEN = "<s>"
 EOS_TOKEN = "</s>"
 PAD_TOKEN = "<pad>"
-
-
-def shipped_names() -> list[str]:
-    """Names of the models/tokenizers that ship inside the package."""
-    if not SHIPPED_DIR.is_dir():
-        return []
-    return sorted(p.name for p in SHIPPED_DIR.iterdir() if (p / "tokenizer.json").is_file())
 
 
 class Tokenizer:
@@ -109,10 +102,10 @@ def load_tokenizer(name_or_path: str | Path) -> Tokenizer:
     looks_like_path = "/" in text or "\\" in text or text.endswith(".json")
     if looks_like_path:
         raise FileNotFoundError(f"no se encuentra el tokenizador: {candidate}")
-    path = SHIPPED_DIR / text / "tokenizer.json"
-    if path.is_file():
+    path = SHIPPED_ROOT / text / "tokenizer.json"
+    if text in shipped_names() and path.is_file():
         return Tokenizer.from_file(path)
-    if (SHIPPED_DIR / text).is_dir():
+    if text in shipped_names():
         raise FileNotFoundError(f"el tokenizador incluido {text!r} no tiene tokenizer.json: {path}")
     names = shipped_names()
     raise ValueError(
