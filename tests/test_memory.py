@@ -55,7 +55,7 @@ def test_dtype_bytes_accepts_names_and_torch_dtypes():
     assert dtype_bytes("bf16") == dtype_bytes(torch.bfloat16) == 2
     assert dtype_bytes(torch.float32) == 4
     assert dtype_bytes("int4") == 0.5
-    with pytest.raises(ValueError, match="accepted"):
+    with pytest.raises(ValueError, match="desconocido; aceptados"):
         dtype_bytes("fp12")
 
 

@@ -24,6 +24,7 @@ import torch
 
 from ..model.checkpoint import load_pretrained
 from ..model.decoder import Transformer
+from ..model.hub import looks_like_hub_id
 from ..model.tokenizer import Tokenizer, load_tokenizer, shipped_names
 from .request import (FinishReason, Request, RequestOutput, RequestRejected, SamplingParams,
                       validate_prompt)
@@ -292,8 +293,9 @@ def _as_model(model, dtype, device) -> Transformer:
         return model
     if isinstance(model, (str, Path)):
         return load_pretrained(model, dtype=dtype or torch.float32, device=device or "cpu")
-    raise TypeError(f"model must be a Transformer, a shipped model name ({', '.join(shipped_names())}) "
-                    f"or a checkpoint folder; got {type(model).__name__}")
+    raise TypeError(f"model debe ser un Transformer, el nombre de un modelo incluido "
+                    f"({', '.join(shipped_names())}), una carpeta de checkpoint o un id del Hub "
+                    f"(organización/nombre); se recibió {type(model).__name__}")
 
 
 KV_LAYOUTS = ("contiguous", "paged")
@@ -357,7 +359,8 @@ class LLM:
                  device: str | torch.device | None = None) -> None:
         self.model = _as_model(model, dtype, device)
         config = self.model.config
-        if tokenizer is None and isinstance(model, str) and model in shipped_names():
+        if tokenizer is None and isinstance(model, str) and (model in shipped_names()
+                                                             or looks_like_hub_id(model)):
             tokenizer = model
         self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
         max_model_len = max_model_len or config.max_position_embeddings

@@ -1,11 +1,12 @@
 """Model configurations, memory arithmetic, the decoder and its checkpoints."""
 
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig
-from .memory import (MemoryBudget, dtype_bytes, kv_bytes, kv_bytes_per_token, memory_budget,
-                     param_count, weight_bytes)
+from .memory import (MemoryBudget, WeightFormat, dtype_bytes, kv_bytes, kv_bytes_per_token,
+                     linear_shapes, memory_budget, param_count, parse_weight_format,
+                     quantized_weight_bytes, weight_bytes)
 from .presets import get_preset, preset_names
-
 from .shipped_models import SHIPPED_MODELS, shipped_model_dir, shipped_names
+
 __all__ = [
     "SUPPORTED_MODEL_TYPES", "ModelConfig", "MemoryBudget", "dtype_bytes", "kv_bytes",
     "kv_bytes_per_token", "memory_budget", "param_count", "weight_bytes", "get_preset",
@@ -22,3 +23,6 @@ __all__ += ["CheckpointError", "load_model", "load_pretrained", "random_model", 
 from .tokenizer import Tokenizer, load_tokenizer  # noqa: E402
 
 __all__ += ["Tokenizer", "load_tokenizer"]
+from .quant import QuantizedLinear, quantize_model  # noqa: E402
+
+__all__ += ["QuantizedLinear", "quantize_model"]

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from .config import ModelConfig
 from .decoder import Transformer
 from .presets import get_preset
+from .hub import hub_folder, looks_like_hub_id
 from .shipped_models import SHIPPED_MODELS, shipped_model_dir
 
 SINGLE_FILE = "model.safetensors"
@@ -59,11 +60,14 @@ def random_model(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.
 def _resolve(name_or_path: str | Path) -> Path:
     if isinstance(name_or_path, str) and name_or_path in SHIPPED_MODELS:
         return shipped_model_dir(name_or_path)
+    if isinstance(name_or_path, str) and looks_like_hub_id(name_or_path):
+        return hub_folder(name_or_path)
     folder = Path(name_or_path)
     if not folder.is_dir():
         raise FileNotFoundError(
             f"la carpeta del checkpoint {folder} no existe; pase una carpeta con config.json y "
-            f"*.safetensors, o el nombre de un modelo incluido: {', '.join(SHIPPED_MODELS)}"
+            f"*.safetensors, un id del Hub de Hugging Face (organización/nombre) o el nombre de "
+            f"un modelo incluido: {', '.join(SHIPPED_MODELS)}"
         )
     return folder
 
@@ -134,7 +138,9 @@ def _read_tensors(files: list[Path], expected: dict[str, torch.Size], optional: 
 
 def load_pretrained(name_or_path: str | Path, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu") -> Transformer:
-    """Load a shipped model (``"tiny-es"``) or a Hugging Face checkpoint folder (eval mode)."""
+    """Load a shipped model (``"tiny-es"``), a Hugging Face checkpoint folder, or a Hub id such as
+    ``"Qwen/Qwen2.5-0.5B-Instruct"`` (downloaded once into the Hub cache; see ``model.hub``), in
+    eval mode."""
     folder = _resolve(name_or_path)
     config_path = folder / "config.json"
     if not config_path.exists():

@@ -28,8 +28,143 @@ def dtype_bytes(dtype: str | torch.dtype) -> float:
         return float(torch.empty((), dtype=dtype).element_size())
     key = str(dtype).lower().removeprefix("torch.")
     if key not in _DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; accepted: {', '.join(sorted(_DTYPE_BYTES))}")
+        hint = ""
+        if key.startswith("int4-") or key.startswith("int8-"):
+            hint = (" (un formato cuantizado con escalas, como int4-g128, se pasa como "
+                    "weight_format=, junto al dtype de las escalas y activaciones)")
+        raise ValueError(f"dtype {dtype!r} desconocido; aceptados: "
+                         f"{', '.join(sorted(_DTYPE_BYTES))}{hint}")
     return _DTYPE_BYTES[key]
+
+
+# --- weight-only quantization formats (chapter 7) ---------------------------------------------
+# The bytes of a stored integer come from ``_DTYPE_BYTES`` ("int8", "int4"): one table for both.
+WEIGHT_FORMATS = ("int8", "int4", "int4-asym")
+GROUP_SIZES = (32, 64, 128)
+DEFAULT_GROUP_SIZE = 128
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How the weights of a linear layer are stored after weight-only quantization.
+
+    ``int8``: symmetric, one scale per output channel (a "group" is a whole row, ``group_size``
+    None). ``int4``: symmetric, one scale per ``group_size`` consecutive inputs of a row.
+    ``int4-asym``: one scale and one zero (offset) per group. Scales and zeros are stored in the
+    model's floating dtype (the ``dtype`` of the byte functions below).
+    """
+
+    kind: str
+    group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in WEIGHT_FORMATS:
+            raise ValueError(f"formato de pesos {self.kind!r} desconocido; formatos aceptados: "
+                             f"{', '.join(WEIGHT_FORMATS)}")
+        if self.kind == "int8" and self.group_size is not None:
+            raise ValueError(f"int8 usa una escala por canal de salida (fila entera): no admite "
+                             f"group_size (se recibió {self.group_size!r}); use group_size=None")
+        if self.kind != "int8" and (isinstance(self.group_size, bool)
+                                    or self.group_size not in GROUP_SIZES):
+            raise ValueError(f"group_size={self.group_size!r} no está soportado para {self.kind}; "
+                             f"tamaños de grupo aceptados: {', '.join(map(str, GROUP_SIZES))}")
+
+    @property
+    def name(self) -> str:
+        """Canonical name: ``int8``, ``int4-g128``, ``int4-asym-g32``..."""
+        return self.kind if self.group_size is None else f"{self.kind}-g{self.group_size}"
+
+    @property
+    def bits(self) -> int:
+        return 8 if self.kind == "int8" else 4
+
+    @property
+    def symmetric(self) -> bool:
+        return self.kind != "int4-asym"
+
+    @property
+    def bytes_per_weight(self) -> float:
+        """Bytes of one stored integer, without scales: 1 (int8) or 0,5 (int4, two per byte)."""
+        return dtype_bytes("int8" if self.bits == 8 else "int4")
+
+    def check_shape(self, out_features: int, in_features: int, what: str = "la capa") -> None:
+        """Raise a Spanish ValueError if a ``[out_features, in_features]`` weight cannot be stored
+        in this format (int4: ``in_features`` must be a multiple of ``group_size``)."""
+        if self.group_size is not None and in_features % self.group_size:
+            fits = [str(g) for g in GROUP_SIZES if in_features % g == 0]
+            raise ValueError(
+                f"{what} tiene in_features={in_features}, que no es múltiplo de group_size="
+                f"{self.group_size}; tamaños de grupo aceptados: {', '.join(map(str, GROUP_SIZES))}"
+                f" (de ellos dividen {in_features}: {', '.join(fits) or 'ninguno'})")
+
+    def linear_bytes(self, out_features: int, in_features: int,
+                     dtype: str | torch.dtype = "bf16") -> float:
+        """Exact bytes of a ``[out_features, in_features]`` weight in this format: the integers
+        plus a scale (and, asymmetric, a zero) at ``dtype`` per group. No bias."""
+        self.check_shape(out_features, in_features)
+        groups = 1 if self.group_size is None else in_features // self.group_size
+        per_group = 1 if self.symmetric else 2
+        return (out_features * in_features * self.bytes_per_weight
+                + out_features * groups * per_group * dtype_bytes(dtype))
+
+
+def parse_weight_format(name: str | WeightFormat, group_size: int | None = None) -> WeightFormat:
+    """Parse ``"int8"``, ``"int4"``, ``"int4-asym"``, optionally suffixed ``-g32``/``-g64``/``-g128``
+    (``"int4-g64"``), or pass ``group_size=`` apart. int4 without a group size: 128."""
+    if isinstance(name, WeightFormat):
+        if group_size is not None and group_size != name.group_size:
+            raise ValueError(f"el formato {name.name} ya fija group_size={name.group_size}; se "
+                             f"recibió además group_size={group_size}")
+        return name
+    accepted = ("formatos aceptados: int8, int4, int4-asym; int4 con tamaño de grupo -g"
+                + ", -g".join(map(str, GROUP_SIZES)) + " (por ejemplo int4-g128)")
+    if not isinstance(name, str):
+        raise ValueError(f"formato de pesos {name!r} desconocido; {accepted}")
+    key = name.strip().lower()
+    kind, _, suffix = key.rpartition("-g")
+    if kind and suffix.isdigit():
+        if group_size is not None and group_size != int(suffix):
+            raise ValueError(f"el formato {name!r} ya fija group_size={suffix}; se recibió además "
+                             f"group_size={group_size}")
+        key, group_size = kind, int(suffix)
+    if key not in WEIGHT_FORMATS:
+        raise ValueError(f"formato de pesos {name!r} desconocido; {accepted}")
+    if key != "int8" and group_size is None:
+        group_size = DEFAULT_GROUP_SIZE
+    return WeightFormat(key, group_size)
+
+
+def linear_shapes(config: ModelConfig) -> list[tuple[str, int, int]]:
+    """``(name, out_features, in_features)`` of every ``nn.Linear`` of the decoder, in module
+    order, lm_head last (listed even when it is tied to the embedding table)."""
+    h, hd, inter = config.hidden_size, config.head_dim, config.intermediate_size
+    q, kv = config.num_heads * hd, config.num_kv_heads * hd
+    per_layer = [("self_attn.q_proj", q, h), ("self_attn.k_proj", kv, h),
+                 ("self_attn.v_proj", kv, h), ("self_attn.o_proj", h, q),
+                 ("mlp.gate_proj", inter, h), ("mlp.up_proj", inter, h),
+                 ("mlp.down_proj", h, inter)]
+    shapes = [(f"model.layers.{i}.{n}", o, k) for i in range(config.num_layers)
+              for n, o, k in per_layer]
+    return shapes + [("lm_head", config.vocab_size, h)]
+
+
+def unquantized_params(config: ModelConfig) -> int:
+    """Parameters that weight-only quantization leaves in floating point, minus the embedding
+    table: norms and biases."""
+    layer_linears = sum(o * k for _, o, k in linear_shapes(config)[:-1])
+    table = config.vocab_size * config.hidden_size
+    head = 0 if config.tie_word_embeddings else table
+    return param_count(config) - layer_linears - table - head
+
+
+def quantized_weight_bytes(config: ModelConfig, fmt: str | WeightFormat,
+                           dtype: str | torch.dtype = "bf16") -> float:
+    """Bytes of every linear weight of the decoder (lm_head included) stored in ``fmt``, with
+    its scales (and zeros) at ``dtype``."""
+    fmt = parse_weight_format(fmt)
+    for name, o, k in linear_shapes(config):
+        fmt.check_shape(o, k, f"la capa {name} de {config.name}")
+    return sum(fmt.linear_bytes(o, k, dtype) for _, o, k in linear_shapes(config))
 
 
 def param_count(config: ModelConfig) -> int:
@@ -50,9 +185,20 @@ def param_count(config: ModelConfig) -> int:
     return config.num_layers * layer + embed + head + h  # + final norm
 
 
-def weight_bytes(config: ModelConfig, dtype: str | torch.dtype = "bf16") -> float:
-    """Bytes of all weights stored at ``dtype``."""
-    return param_count(config) * dtype_bytes(dtype)
+def weight_bytes(config: ModelConfig, dtype: str | torch.dtype = "bf16", *,
+                 weight_format: str | WeightFormat | None = None) -> float:
+    """Bytes of all weights stored at ``dtype``.
+
+    With ``weight_format`` (``"int8"``, ``"int4-g128"``...; see ``parse_weight_format``), what
+    ``quant.quantize_model`` holds: every linear weight (lm_head included) in that format with its
+    scales at ``dtype``, and the rest (embedding table, norms, biases) at ``dtype``. A tied
+    embedding table stays at ``dtype`` for the lookup while the lm_head gets its own quantized copy.
+    """
+    if weight_format is None:
+        return param_count(config) * dtype_bytes(dtype)
+    table = config.vocab_size * config.hidden_size
+    return (quantized_weight_bytes(config, weight_format, dtype)
+            + (unquantized_params(config) + table) * dtype_bytes(dtype))
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: str | torch.dtype = "bf16") -> float:
@@ -90,18 +236,21 @@ class MemoryBudget:
 def memory_budget(config: ModelConfig, gpu_memory_bytes: float, *, max_len: int,
                   typical_len: int | None = None, utilization: float = 1.0,
                   dtype: str | torch.dtype = "bf16", kv_dtype: str | torch.dtype | None = None,
-                  weights_bytes: float | None = None) -> MemoryBudget:
+                  weights_bytes: float | None = None,
+                  weight_format: str | WeightFormat | None = None) -> MemoryBudget:
     """Sequences that fit in ``utilization`` x ``gpu_memory_bytes`` once the weights are loaded.
 
     ``weights_bytes`` overrides the exact weight size computed from the config (for example the
-    nominal "7B x 2 bytes = 14 GB" of a back-of-the-envelope estimate).
+    nominal "7B x 2 bytes = 14 GB" of a back-of-the-envelope estimate). ``weight_format``: the
+    weights are quantized (see ``weight_bytes``); the KV cache stays at ``kv_dtype or dtype``.
     """
     if not 0 < utilization <= 1:
         raise ValueError(f"utilization must be in (0, 1], got {utilization}")
     if max_len < 1 or (typical_len is not None and typical_len < 1):
         raise ValueError(f"max_len and typical_len must be >= 1, got {max_len}, {typical_len}")
     typical_len = max_len if typical_len is None else typical_len
-    w = weight_bytes(config, dtype) if weights_bytes is None else float(weights_bytes)
+    w = (weight_bytes(config, dtype, weight_format=weight_format) if weights_bytes is None
+         else float(weights_bytes))
     budget = gpu_memory_bytes * utilization - w
     if budget <= 0:
         raise ValueError(

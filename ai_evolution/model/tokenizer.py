@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+from .hub import hub_folder, looks_like_hub_id
 from .shipped_models import SHIPPED_ROOT, shipped_names
 
 BOS_TOKEN = "<s>"
@@ -99,6 +100,11 @@ def load_tokenizer(name_or_path: str | Path) -> Tokenizer:
             raise FileNotFoundError(f"no hay tokenizer.json en la carpeta: {path}")
         return Tokenizer.from_file(path)
     text = str(name_or_path)
+    if looks_like_hub_id(text):
+        path = hub_folder(text) / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{text!r} no trae tokenizer.json en el Hub: {path}")
+        return Tokenizer.from_file(path)
     looks_like_path = "/" in text or "\\" in text or text.endswith(".json")
     if looks_like_path:
         raise FileNotFoundError(f"no se encuentra el tokenizador: {candidate}")

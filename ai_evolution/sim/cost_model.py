@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 
 from ..model import ModelConfig, dtype_bytes, kv_bytes_per_token, param_count
+from ..model.memory import WeightFormat, quantized_weight_bytes, unquantized_params
 
 
 def matmul_params(config: ModelConfig) -> int:
@@ -38,9 +39,19 @@ def matmul_params(config: ModelConfig) -> int:
 
 
 def weight_bytes_read(config: ModelConfig, dtype: str | torch.dtype = "bf16",
-                      num_tokens: int = 1) -> float:
-    """Weight bytes one step reads: every weight once, but only ``num_tokens`` embedding rows."""
+                      num_tokens: int = 1, *,
+                      weight_format: str | WeightFormat | None = None) -> float:
+    """Weight bytes one step reads: every weight once, but only ``num_tokens`` embedding rows.
+
+    ``weight_format`` (``"int8"``, ``"int4-g128"``, ``"int4-asym-g64"``...): the linear weights
+    (lm_head included, even when tied) are read in that format with their scales (and zeros) at
+    ``dtype``; the embedding rows, norms and biases stay at ``dtype``. See
+    ``model.memory.parse_weight_format``.
+    """
     b = dtype_bytes(dtype)
+    if weight_format is not None:
+        return (quantized_weight_bytes(config, weight_format, dtype)
+                + (unquantized_params(config) + num_tokens * config.hidden_size) * b)
     table = config.vocab_size * config.hidden_size
     weights = param_count(config) - (0 if config.tie_word_embeddings else table)
     return (weights + num_tokens * config.hidden_size) * b
@@ -65,9 +76,11 @@ class StepCost:
 
 def step_cost(config: ModelConfig, query_lens: Sequence[int], context_lens: Sequence[int],
               dtype: str | torch.dtype = "bf16",
-              kv_dtype: str | torch.dtype | None = None) -> StepCost:
+              kv_dtype: str | torch.dtype | None = None, *,
+              weight_format: str | WeightFormat | None = None) -> StepCost:
     """Cost of one step that adds ``query_lens[i]`` tokens to sequence ``i``, which then holds
-    ``context_lens[i]`` tokens (so ``context_lens[i] >= query_lens[i]``).
+    ``context_lens[i]`` tokens (so ``context_lens[i] >= query_lens[i]``). ``weight_format``: the
+    linear weights are quantized (``weight_bytes_read``); FLOPs are the same.
 
     Attention: each new token at position p scores against p+1 keys and mixes p+1 values, i.e.
     4 x heads x head_dim x (p+1) FLOPs per layer. KV bytes: each sequence's whole cache read once.
@@ -82,15 +95,19 @@ def step_cost(config: ModelConfig, query_lens: Sequence[int], context_lens: Sequ
     attn_flops = 4 * config.num_layers * config.num_heads * config.head_dim * attended
     kv_b = kv_bytes_per_token(config, dtype if kv_dtype is None else kv_dtype) * sum(context_lens)
     return StepCost(flops=2 * matmul_params(config) * tokens + attn_flops,
-                    weight_bytes=weight_bytes_read(config, dtype, tokens), kv_bytes=kv_b,
+                    weight_bytes=weight_bytes_read(config, dtype, tokens,
+                                                   weight_format=weight_format), kv_bytes=kv_b,
                     num_seqs=len(query_lens))
 
 
 def decode_step_cost(config: ModelConfig, batch_size: int = 1, context_len: int = 0,
                      dtype: str | torch.dtype = "bf16",
-                     kv_dtype: str | torch.dtype | None = None) -> StepCost:
-    """One decode step: ``batch_size`` sequences each add one token after ``context_len`` tokens."""
-    return step_cost(config, [1] * batch_size, [context_len + 1] * batch_size, dtype, kv_dtype)
+                     kv_dtype: str | torch.dtype | None = None, *,
+                     weight_format: str | WeightFormat | None = None) -> StepCost:
+    """One decode step: ``batch_size`` sequences each add one token after ``context_len`` tokens
+    (``weight_format``: quantized linear weights, as ``step_cost``)."""
+    return step_cost(config, [1] * batch_size, [context_len + 1] * batch_size, dtype, kv_dtype,
+                     weight_format=weight_format)
 
 
 def arithmetic_intensity(flops: float, n_bytes: float) -> float:

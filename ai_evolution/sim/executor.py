@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..model import ModelConfig
+from ..model.memory import parse_weight_format, quantized_weight_bytes
 from .cost_model import RooflineCostModel, step_cost
 
 SIM_TOKEN = 0
@@ -25,10 +26,16 @@ class SimExecutor:
     """Simulated time for a ``config`` on a machine described by ``cost_model``."""
 
     def __init__(self, config: ModelConfig, cost_model: RooflineCostModel,
-                 dtype: str | torch.dtype = "bf16", kv_dtype: str | torch.dtype | None = None) -> None:
+                 dtype: str | torch.dtype = "bf16", kv_dtype: str | torch.dtype | None = None,
+                 weight_format: str | None = None) -> None:
         self.config = config
         self.cost_model = cost_model
         self.dtype, self.kv_dtype = dtype, kv_dtype
+        # quantized linear weights ("int8", "int4-g128"...), checked against the config now
+        self.weight_format = (None if weight_format is None
+                              else parse_weight_format(weight_format).name)
+        if self.weight_format is not None:
+            quantized_weight_bytes(config, self.weight_format, dtype)
         self.clock = 0.0
         self.step_times: list[float] = []
 
@@ -40,7 +47,8 @@ class SimExecutor:
 
     def step_time_s(self, query_lens: list[int], context_lens: list[int]) -> float:
         return self.cost_model.step_time_s(step_cost(self.config, query_lens, context_lens,
-                                                     self.dtype, self.kv_dtype))
+                                                     self.dtype, self.kv_dtype,
+                                                     weight_format=self.weight_format))
 
     def execute(self, out) -> dict[str, int]:
         dt = self.step_time_s([s.num_tokens for s in out.scheduled],
@@ -53,11 +61,14 @@ class SimExecutor:
 
 def sim_engine(config: ModelConfig, cost_model: RooflineCostModel, max_num_seqs: int,
                max_model_len: int, policy="continuous", dtype: str | torch.dtype = "bf16", kv=None,
-               max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = False):
+               max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = False,
+               weight_format: str | None = None):
     """An ``LLMEngine`` whose scheduler is the real one and whose executor is simulated
-    (``kv``: the scheduler's KV manager; default, contiguous rows)."""
+    (``kv``: the scheduler's KV manager; default, contiguous rows; ``weight_format``: the
+    weights are quantized, as in ``cost_model.step_cost``)."""
     from ..engine import LLMEngine, Scheduler
     return LLMEngine(Scheduler(max_num_seqs, max_model_len, policy, kv=kv,
                                max_num_batched_tokens=max_num_batched_tokens,
                                enable_chunked_prefill=enable_chunked_prefill),
-                     SimExecutor(config, cost_model, dtype), config.vocab_size)
+                     SimExecutor(config, cost_model, dtype, weight_format=weight_format),
+                     config.vocab_size)
