@@ -15,6 +15,7 @@ from torch import Tensor
 
 from .model.attention import AttentionFn, ContiguousKVCache
 from .model.decoder import Transformer
+from .model.kv_quant import check_kv_dtype
 from .model.sampling import pick_tokens
 
 CACHE_KINDS = (None, "contiguous")
@@ -24,7 +25,8 @@ def generate(model: Transformer, prompt_ids: Sequence[int] | Sequence[Sequence[i
              max_new_tokens: int, *, cache: str | None = "contiguous", temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
              eos_token_id: int | Iterable[int] | None = None, attn_fn: AttentionFn | None = None,
-             on_token: Callable[[int, list[int | None]], None] | None = None) -> list[list[int]]:
+             on_token: Callable[[int, list[int | None]], None] | None = None,
+             kv_dtype: str | None = None) -> list[list[int]]:
     """Generate up to ``max_new_tokens`` tokens after each prompt; return the new tokens only.
 
     ``prompt_ids`` is one prompt (``list[int]``) or a batch (``list[list[int]]``, lengths may
@@ -34,7 +36,8 @@ def generate(model: Transformer, prompt_ids: Sequence[int] | Sequence[Sequence[i
     seeded by ``seed`` (same seed, same tokens). A row that produces ``eos_token_id`` keeps it
     and stops; the others go on. ``attn_fn`` replaces ``cached_attention`` inside the model
     (needs a cache). ``on_token(step, tokens)`` is called after every step with the token of
-    each row (``None`` for rows that had already stopped).
+    each row (``None`` for rows that had already stopped). ``kv_dtype="int8"`` keeps the cache
+    in int8 with a scale per token and head (chapter 7).
     """
     config = model.config
     prompts = _check_prompts(prompt_ids, config.vocab_size)
@@ -42,6 +45,10 @@ def generate(model: Transformer, prompt_ids: Sequence[int] | Sequence[Sequence[i
         raise ValueError(f"max_new_tokens debe ser un entero >= 1; se recibió {max_new_tokens!r}")
     if cache not in CACHE_KINDS:
         raise ValueError(f"cache={cache!r} no está soportado; aceptados: {', '.join(map(repr, CACHE_KINDS))}")
+    check_kv_dtype(kv_dtype)
+    if cache is None and kv_dtype is not None:
+        raise ValueError("kv_dtype elige cómo se guarda la caché KV, así que necesita "
+                         "cache='contiguous'; se recibió cache=None")
     if cache is None and attn_fn is not None:
         raise ValueError("attn_fn sustituye el paso de atención con caché, así que necesita "
                          "cache='contiguous'; se recibió cache=None")
@@ -67,7 +74,7 @@ def generate(model: Transformer, prompt_ids: Sequence[int] | Sequence[Sequence[i
             next_logits = _uncached_stepper(model, prompts)
         else:
             kv = ContiguousKVCache(config, len(prompts), max(map(len, prompts)) + max_new_tokens,
-                                   dtype=param.dtype, device=param.device)
+                                   dtype=param.dtype, device=param.device, kv_dtype=kv_dtype)
             next_logits = _cached_stepper(model, prompts, kv, attn_fn)
         out: list[list[int]] = [[] for _ in prompts]
         done = [False] * len(prompts)

@@ -306,14 +306,16 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
                  block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = True, eos_token_id: int | None = None,
                  kv=None, max_num_batched_tokens: int | None = None,
-                 enable_chunked_prefill: bool = False, token_fn=None, victim_fn=None) -> LLMEngine:
+                 enable_chunked_prefill: bool = False, token_fn=None, victim_fn=None,
+                 kv_dtype: str | None = None) -> LLMEngine:
     """An engine on the real model. ``kv_layout="contiguous"``: one ``max_model_len`` row per
     request (``max_num_seqs`` rows). ``"paged"``: ``num_blocks`` blocks of ``block_size`` tokens
     (default: the same memory as the contiguous rows), with optional prefix caching. ``kv``: a
     ready KV manager (for example a ``KVCacheManager`` with a student's pool), used as given.
     ``max_num_batched_tokens`` caps the tokens of a step; ``enable_chunked_prefill`` splits
     prompts that do not fit into chunks; ``token_fn`` and ``victim_fn`` replace the scheduler's
-    token split and preemption choice (chapter 5)."""
+    token split and preemption choice (chapter 5). ``kv_dtype="int8"``: the KV tensors are stored
+    as int8 with a scale per token and head (chapter 7), about half the bytes of fp16."""
     for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len),
                         ("block_size", block_size)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -338,7 +340,8 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
                           max_num_batched_tokens=max_num_batched_tokens,
                           enable_chunked_prefill=enable_chunked_prefill, token_fn=token_fn,
                           victim_fn=victim_fn)
-    return LLMEngine(scheduler, ModelRunner.for_kv(model, kv), model.config.vocab_size, eos_token_id)
+    return LLMEngine(scheduler, ModelRunner.for_kv(model, kv, kv_dtype), model.config.vocab_size,
+                     eos_token_id)
 
 
 class LLM:
@@ -356,7 +359,7 @@ class LLM:
                  block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = True, max_num_batched_tokens: int | None = None,
                  enable_chunked_prefill: bool = False, dtype: torch.dtype | None = None,
-                 device: str | torch.device | None = None) -> None:
+                 device: str | torch.device | None = None, kv_dtype: str | None = None) -> None:
         self.model = _as_model(model, dtype, device)
         config = self.model.config
         if tokenizer is None and isinstance(model, str) and (model in shipped_names()
@@ -371,7 +374,7 @@ class LLM:
                                    policy=policy, kv_layout=kv_layout, block_size=block_size,
                                    num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching,
                                    eos_token_id=eos, max_num_batched_tokens=max_num_batched_tokens,
-                                   enable_chunked_prefill=enable_chunked_prefill)
+                                   enable_chunked_prefill=enable_chunked_prefill, kv_dtype=kv_dtype)
 
     def _encode(self, prompt) -> Sequence[int]:
         if isinstance(prompt, str):

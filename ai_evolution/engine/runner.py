@@ -27,7 +27,9 @@ from torch import Tensor
 
 from ..hardware import synchronize
 from ..model.config import ModelConfig
+from ..model.attention import kv_storage_nbytes, layer_views, new_kv_storage
 from ..model.decoder import Transformer
+from ..model.kv_quant import check_kv_dtype
 from ..model.sampling import pick_tokens
 from .scheduler import SchedulerOutput
 
@@ -39,21 +41,23 @@ class BlockKVCache:
     and reads through the block tables it is given. ``layer(i)`` is what the decoder calls."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 kv_dtype: str | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks y block_size deben ser >= 1; se recibió {num_blocks}, {block_size}")
-        self.num_blocks, self.block_size = num_blocks, block_size
+        check_kv_dtype(kv_dtype)
+        self.num_blocks, self.block_size, self.kv_dtype = num_blocks, block_size, kv_dtype
         shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = new_kv_storage(shape, dtype, device, kv_dtype)
 
     def layer(self, i: int) -> tuple[Tensor, Tensor]:
-        """Views ``(k, v)`` of layer ``i``, each ``[num_blocks, Hkv, block_size, D]``."""
-        return self.k[i], self.v[i]
+        """Views ``(k, v)`` of layer ``i``, each ``[num_blocks, Hkv, block_size, D]`` (``Int8KV``
+        views with ``kv_dtype="int8"``)."""
+        return layer_views(self.k, self.v, i)
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return kv_storage_nbytes(self.k, self.v)
 
 
 class ModelRunner:
@@ -64,7 +68,8 @@ class ModelRunner:
     sizes it from the scheduler's KV manager.
     """
 
-    def __init__(self, model: Transformer, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: Transformer, num_blocks: int, block_size: int,
+                 kv_dtype: str | None = None) -> None:
         param = next(model.parameters())
         self.model = model.eval()
         self.device, self.dtype = param.device, param.dtype
@@ -73,12 +78,12 @@ class ModelRunner:
                              f"max_position_embeddings={model.config.max_position_embeddings}")
         self.block_size = block_size
         self.cache = BlockKVCache(model.config, num_blocks, block_size, dtype=self.dtype,
-                                  device=self.device)
+                                  device=self.device, kv_dtype=kv_dtype)
         self._t0 = time.perf_counter()
 
     @classmethod
-    def for_kv(cls, model: Transformer, kv) -> "ModelRunner":
-        return cls(model, kv.num_blocks, kv.block_size)
+    def for_kv(cls, model: Transformer, kv, kv_dtype: str | None = None) -> "ModelRunner":
+        return cls(model, kv.num_blocks, kv.block_size, kv_dtype)
 
     # --- clock (the engine reads every timestamp from its executor) ------------------------------
     def now(self) -> float:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import ModelConfig
+from .kv_quant import Int8KV, check_kv_dtype
 
 AttentionFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 """``attn_fn(q, k_new, v_new, k_cache, v_cache, positions) -> out``: the contract of
@@ -26,38 +27,65 @@ class ContiguousKVCache:
     Row ``b`` of the batch owns slots ``[b, :, 0:max_len]``; the token at absolute position ``p``
     of that sequence lives in slot ``p``. Memory is reserved for ``max_len`` tokens per row up
     front, whether or not they are ever used: that waste is what paged caches remove.
+    ``kv_dtype="int8"`` stores int8 with a scale per token and head (``model.kv_quant``): about
+    half the bytes of fp16; ``layer(i)`` then gives ``Int8KV`` views that quantize on write and
+    dequantize on read.
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, max_len: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 kv_dtype: str | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size debe ser >= 1; se recibió {batch_size}")
         if max_len < 1:
             raise ValueError(f"max_len debe ser >= 1; se recibió {max_len}")
+        check_kv_dtype(kv_dtype)
         self.config = config
         self.batch_size = batch_size
         self.max_len = max_len
+        self.kv_dtype = kv_dtype
         shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
+        self.k, self.v = new_kv_storage(shape, dtype, device, kv_dtype)  # [L, B, Hkv, S, D] each
 
     def layer(self, i: int) -> tuple[Tensor, Tensor]:
         """Views ``(k, v)`` of layer ``i``, each ``[B, Hkv, max_len, D]``; writes go to the cache."""
-        if not 0 <= i < self.k.shape[0]:
-            raise IndexError(f"la capa {i} está fuera de rango; la caché tiene las capas 0..{self.k.shape[0] - 1}")
-        return self.k[i], self.v[i]
+        if not 0 <= i < self.config.num_layers:
+            raise IndexError(f"la capa {i} está fuera de rango; la caché tiene las capas "
+                             f"0..{self.config.num_layers - 1}")
+        return layer_views(self.k, self.v, i)
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return kv_storage_nbytes(self.k, self.v)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.k.dtype
+        return self.k[1].dtype if isinstance(self.k, tuple) else self.k.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.k.device
+        return self.k[0].device if isinstance(self.k, tuple) else self.k.device
+
+
+def new_kv_storage(shape: tuple[int, ...], dtype: torch.dtype, device, kv_dtype: str | None):
+    """K and V storage of ``shape`` (``[L, ..., D]``): two float tensors, or with
+    ``kv_dtype="int8"`` two ``(int8 values, scales [L, ...])`` pairs."""
+    if kv_dtype is None:
+        return (torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device))
+    return tuple((torch.zeros(shape, dtype=torch.int8, device=device),
+                  torch.zeros(shape[:-1], dtype=dtype, device=device)) for _ in range(2))
+
+
+def layer_views(k, v, i: int):
+    """Layer ``i`` of storage made by ``new_kv_storage``: tensors, or ``Int8KV`` views."""
+    if isinstance(k, tuple):
+        return Int8KV.view(k[0][i], k[1][i]), Int8KV.view(v[0][i], v[1][i])
+    return k[i], v[i]
+
+
+def kv_storage_nbytes(k, v) -> int:
+    return sum(t.nbytes for t in ((*k, *v) if isinstance(k, tuple) else (k, v)))
 
 
 def cached_attention(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor,

@@ -201,9 +201,15 @@ def weight_bytes(config: ModelConfig, dtype: str | torch.dtype = "bf16", *,
             + (unquantized_params(config) + table) * dtype_bytes(dtype))
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype: str | torch.dtype = "bf16") -> float:
-    """KV-cache bytes one token occupies: 2 (K and V) x layers x kv_heads x head_dim x bytes."""
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes(dtype)
+def kv_bytes_per_token(config: ModelConfig, dtype: str | torch.dtype = "bf16",
+                       scale_dtype: str | torch.dtype | None = None) -> float:
+    """KV-cache bytes one token occupies: 2 (K and V) x layers x kv_heads x head_dim x bytes;
+    with ``scale_dtype`` (a quantized cache such as int8), plus one scale of that dtype per K
+    and V head (``model.kv_quant``)."""
+    per_head = config.head_dim * dtype_bytes(dtype)
+    if scale_dtype is not None:
+        per_head += dtype_bytes(scale_dtype)
+    return 2 * config.num_layers * config.num_kv_heads * per_head
 
 
 def kv_bytes(config: ModelConfig, num_tokens: int, batch_size: int = 1,
@@ -237,12 +243,15 @@ def memory_budget(config: ModelConfig, gpu_memory_bytes: float, *, max_len: int,
                   typical_len: int | None = None, utilization: float = 1.0,
                   dtype: str | torch.dtype = "bf16", kv_dtype: str | torch.dtype | None = None,
                   weights_bytes: float | None = None,
-                  weight_format: str | WeightFormat | None = None) -> MemoryBudget:
+                  weight_format: str | WeightFormat | None = None,
+                  kv_scale_dtype: str | torch.dtype | None = None) -> MemoryBudget:
     """Sequences that fit in ``utilization`` x ``gpu_memory_bytes`` once the weights are loaded.
 
     ``weights_bytes`` overrides the exact weight size computed from the config (for example the
     nominal "7B x 2 bytes = 14 GB" of a back-of-the-envelope estimate). ``weight_format``: the
-    weights are quantized (see ``weight_bytes``); the KV cache stays at ``kv_dtype or dtype``.
+    weights are quantized (see ``weight_bytes``); the KV cache stays at ``kv_dtype or dtype``
+    (``kv_scale_dtype``: a quantized cache's per token-and-head scales, see
+    ``kv_bytes_per_token``).
     """
     if not 0 < utilization <= 1:
         raise ValueError(f"utilization must be in (0, 1], got {utilization}")
@@ -257,7 +266,7 @@ def memory_budget(config: ModelConfig, gpu_memory_bytes: float, *, max_len: int,
             f"the weights ({w / 1e9:.2f} GB) do not fit in {utilization:.2f} x "
             f"{gpu_memory_bytes / 1e9:.2f} GB: no room left for the KV cache"
         )
-    per_token = kv_bytes_per_token(config, dtype if kv_dtype is None else kv_dtype)
+    per_token = kv_bytes_per_token(config, dtype if kv_dtype is None else kv_dtype, kv_scale_dtype)
     return MemoryBudget(
         gpu_memory_bytes=float(gpu_memory_bytes), utilization=utilization, weight_bytes=w,
         kv_budget_bytes=budget, kv_bytes_per_token=per_token, max_len=max_len,
