@@ -87,6 +87,9 @@ class KVManager(Protocol):
     def free(self, request: Request) -> None:
         """Give back every block of the request (no-op for one that holds none)."""
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Give back the blocks past the first ``num_tokens`` tokens (rejected draft tokens)."""
+
     def cache_full_blocks(self, request: Request) -> None:
         """Make the request's full, computed blocks findable by later prompts (prefix caching)."""
 
@@ -149,6 +152,9 @@ class ContiguousKVManager:
         if row is not None:
             self._free.append(row)
             self._free.sort()
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        pass  # the row is the request's whole reservation
 
     def cache_full_blocks(self, request: Request) -> None:
         pass
@@ -256,6 +262,15 @@ class KVCacheManager:
         table = self.tables.pop(request.request_id, None)
         if table:
             self.pool.free(list(reversed(table)))
+
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Free the blocks past the first ``num_tokens`` tokens (speculative decoding: the slots
+        of rejected drafts). Their content was never registered: only computed, full blocks are."""
+        table = self.tables.get(request.request_id)
+        keep = -(-num_tokens // self.block_size)
+        if table and len(table) > keep:
+            self.pool.free(list(reversed(table[keep:])))
+            del table[keep:]
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the hash of every block of ``request`` that is full of computed tokens."""

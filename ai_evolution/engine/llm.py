@@ -28,6 +28,7 @@ from ..model.hub import looks_like_hub_id
 from ..model.tokenizer import Tokenizer, load_tokenizer, shipped_names
 from .request import (FinishReason, Request, RequestOutput, RequestRejected, SamplingParams,
                       validate_prompt)
+from .drafter import DraftProposer
 from .kv_cache import ContiguousKVManager, KVCacheManager, KVManager
 from .runner import ModelRunner
 from .scheduler import Policy, PolicyError, Scheduler, SchedulerOutput
@@ -56,6 +57,7 @@ class StepEntry(NamedTuple):
     num_tokens: int   # tokens computed for it in this step
     context_len: int  # tokens in its cache after the step
     is_prefill: bool
+    num_draft_tokens: int = 0  # of num_tokens, draft proposals verified (speculative decoding)
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,10 @@ class LLMEngine:
     """Scheduler + executor + the requests' timing records."""
 
     def __init__(self, scheduler: Scheduler, executor: Executor, vocab_size: int,
-                 eos_token_id: int | None = None) -> None:
+                 eos_token_id: int | None = None, drafter: DraftProposer | None = None) -> None:
         self.scheduler = scheduler
         self.executor = executor
+        self.drafter = drafter  # speculative decoding (chapter 9), greedy requests only
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.requests: dict[str, Request] = {}
@@ -218,14 +221,30 @@ class LLMEngine:
             if s.request_id in failed:
                 self.scheduler.fail_request(s.request, failed[s.request_id], end)
         self.scheduler.update_from_output(out, sampled, end)
+        if self.drafter is not None:
+            self._propose()
         self.history.append(StepRecord(out.step, start, end,
                                        tuple(StepEntry(s.request_id, s.first_block, s.num_tokens,
-                                                       s.context_len, s.is_prefill)
+                                                       s.context_len, s.is_prefill,
+                                                       len(s.draft_tokens))
                                              for s in out.scheduled),
                                        out.holders, out.num_blocks, tuple(out.admitted),
                                        tuple(out.retired), tuple(out.preempted)))
         return [RequestOutput.of(s.request) for s in out.scheduled
                 if s.request_id in sampled or s.request_id in failed]
+
+    def _propose(self) -> None:
+        """Draft tokens for every running greedy request that is decoding, for the next step: at
+        most ``k``, fewer near ``max_tokens`` or ``max_model_len``."""
+        running = self.scheduler.running
+        self.drafter.forget({r.request_id for r in running})
+        for r in running:
+            if r.is_finished or not r.sampling_params.greedy or r.num_computed_tokens != r.num_tokens - 1:
+                continue
+            k = min(self.drafter.k, r.sampling_params.max_tokens - len(r.output_token_ids) - 1,
+                    self.max_model_len - r.num_tokens)
+            if k > 0:
+                r.spec_token_ids = self.drafter.propose(r, k)
 
     def _execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, str]]:
         """Run a step: the sampled tokens, and a Spanish message for every request whose part
@@ -307,7 +326,8 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
                  enable_prefix_caching: bool = True, eos_token_id: int | None = None,
                  kv=None, max_num_batched_tokens: int | None = None,
                  enable_chunked_prefill: bool = False, token_fn=None, victim_fn=None,
-                 kv_dtype: str | None = None) -> LLMEngine:
+                 kv_dtype: str | None = None, draft_model: Transformer | None = None,
+                 num_speculative_tokens: int = 4) -> LLMEngine:
     """An engine on the real model. ``kv_layout="contiguous"``: one ``max_model_len`` row per
     request (``max_num_seqs`` rows). ``"paged"``: ``num_blocks`` blocks of ``block_size`` tokens
     (default: the same memory as the contiguous rows), with optional prefix caching. ``kv``: a
@@ -315,7 +335,9 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
     ``max_num_batched_tokens`` caps the tokens of a step; ``enable_chunked_prefill`` splits
     prompts that do not fit into chunks; ``token_fn`` and ``victim_fn`` replace the scheduler's
     token split and preemption choice (chapter 5). ``kv_dtype="int8"``: the KV tensors are stored
-    as int8 with a scale per token and head (chapter 7), about half the bytes of fp16."""
+    as int8 with a scale per token and head (chapter 7), about half the bytes of fp16.
+    ``draft_model``: speculative decoding (chapter 9), ``num_speculative_tokens`` proposals per
+    step for every greedy request; the output stays the target's greedy output."""
     for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len),
                         ("block_size", block_size)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -340,8 +362,12 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
                           max_num_batched_tokens=max_num_batched_tokens,
                           enable_chunked_prefill=enable_chunked_prefill, token_fn=token_fn,
                           victim_fn=victim_fn)
+    drafter = None
+    if draft_model is not None:
+        drafter = DraftProposer(draft_model, num_speculative_tokens, max_model_len)
+        drafter.check_target(model)
     return LLMEngine(scheduler, ModelRunner.for_kv(model, kv, kv_dtype), model.config.vocab_size,
-                     eos_token_id)
+                     eos_token_id, drafter)
 
 
 class LLM:

@@ -174,6 +174,11 @@ class Request(TimingRecord):
     finish_reason: FinishReason | None = None
     error: str | None = None  # why it failed (finish_reason ERROR)
     num_preemptions: int = 0
+    # Speculative decoding (chapter 9): the draft's proposals for the next step, and how many
+    # were verified and accepted so far (their ratio is the acceptance rate).
+    spec_token_ids: list[int] = field(default_factory=list)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     # Timing record, in the executor's clock (seconds).
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

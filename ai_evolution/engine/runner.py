@@ -100,7 +100,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> dict[str, int | Exception]:
         """Run the step's tokens; return the sampled token of every request that completed its
         pending tokens (all of them, until chapter 5 splits prompts into chunks), or the
-        exception its sampling raised."""
+        exception its sampling raised. A request that verifies k draft tokens (greedy) gets the
+        target's argmax at each of its last k + 1 positions, a list."""
         ids, pos, blocks, offsets, last = [], [], [], [], []
         bs = self.block_size
         for s in out.scheduled:
@@ -116,14 +117,23 @@ class ModelRunner:
         attn = _SelectiveAttention(out, torch.tensor(blocks, device=dev),
                                    torch.tensor(offsets, device=dev), bs)
         hidden = self.model.hidden_states(ids_t, pos_t, kv_cache=self.cache, attn_fn=attn)
-        samples = [s for s, i in zip(out.scheduled, last) if s.context_len == s.request.num_tokens]
-        rows = [i for s, i in zip(out.scheduled, last) if s.context_len == s.request.num_tokens]
+        samples = [s for s in out.scheduled if s.samples]
         if not samples:
             synchronize(self.device)
             return {}
+        rows = []  # each sampling request's last 1 + k positions in the flat row
+        for s, i in zip(out.scheduled, last):
+            if s.samples:
+                rows += range(i - len(s.draft_tokens), i + 1)
         logits = self.model.logits(hidden[0, rows]).float()               # [n, V]
-        out_tokens: dict[str, int | Exception] = dict(
-            zip((s.request_id for s in samples), logits.argmax(dim=-1).tolist()))
+        best = logits.argmax(dim=-1).tolist()
+        out_tokens: dict[str, int | list[int] | Exception] = {}
+        ends = []  # index in ``rows`` of each sampling request's last position
+        for s in samples:
+            start = ends[-1] + 1 if ends else 0
+            ends.append(start + len(s.draft_tokens))
+            out_tokens[s.request_id] = best[start:ends[-1] + 1] if s.draft_tokens else best[ends[-1]]
+        logits = logits[ends]                                              # [n_samples, V]
         for j, s in enumerate(samples):
             p = s.request.sampling_params
             if not p.greedy:

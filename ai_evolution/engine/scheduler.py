@@ -42,6 +42,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from ..speculative import greedy_accept
 from .kv_cache import ContiguousKVManager, KVManager
 from .request import FinishReason, Request, RequestStatus
 
@@ -92,12 +93,15 @@ def resolve_policy(policy: str | Policy) -> tuple[str, Policy]:
 @dataclass(frozen=True)
 class ScheduledRequest:
     """One request in this step: compute ``num_tokens`` tokens starting at position ``start``,
-    whose K/V go to the blocks of ``block_ids`` (its whole block table)."""
+    whose K/V go to the blocks of ``block_ids`` (its whole block table). The last
+    ``len(draft_tokens)`` of them are a draft model's proposals (speculative decoding), verified
+    in this same forward pass."""
 
     request: Request
     block_ids: tuple[int, ...]
     start: int
     num_tokens: int
+    draft_tokens: tuple[int, ...] = ()
 
     @property
     def request_id(self) -> str:
@@ -110,7 +114,13 @@ class ScheduledRequest:
 
     @property
     def token_ids(self) -> list[int]:
-        return self.request.all_token_ids[self.start:self.start + self.num_tokens]
+        own = self.num_tokens - len(self.draft_tokens)
+        return self.request.all_token_ids[self.start:self.start + own] + list(self.draft_tokens)
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step completes the request's pending tokens (so it yields a token)."""
+        return self.start + self.num_tokens - len(self.draft_tokens) == self.request.num_tokens
 
     @property
     def is_prefill(self) -> bool:
@@ -271,11 +281,22 @@ class Scheduler:
         work: dict[str, int] = {}  # request id -> tokens to compute this step
         # Running requests first, oldest first: each takes what it needs from the token budget
         # (a prefill chunk, or one decode token).
+        drafts: dict[str, list[int]] = {}  # request id -> draft tokens verified this step
         for r in list(self.running):
             if r.is_finished or r in preempted:
                 continue
-            n = self._tokens(r.num_tokens - r.num_computed_tokens, budget)
+            pending = r.num_tokens - r.num_computed_tokens
+            n = self._tokens(pending, budget)
             if n == 0:
+                continue
+            # A draft's proposals ride along with a decode token if the budget and the memory
+            # allow; they never cost a preemption.
+            spec = r.spec_token_ids[:max(0, int(min(budget - n, len(r.spec_token_ids))))] \
+                if n == pending else []
+            if spec and self.kv.allocate_slots(r, n + len(spec)) is not None:
+                work[r.request_id] = n + len(spec)
+                drafts[r.request_id] = spec
+                budget -= n + len(spec)
                 continue
             while self.kv.allocate_slots(r, n) is None:
                 victim = self.victim_fn(tuple(self.running))
@@ -306,7 +327,7 @@ class Scheduler:
                 work[r.request_id] = n
                 budget -= n
         scheduled = [ScheduledRequest(r, tuple(self.kv.block_table(r.request_id)), r.num_computed_tokens,
-                                      work[r.request_id])
+                                      work[r.request_id], tuple(drafts.get(r.request_id, ())))
                      for r in self.running if r.request_id in work]
         out = SchedulerOutput(self._step, scheduled, [r.request_id for r in admitted],
                               [r.request_id for r in plan.retire], self.kv.holders, self.kv.num_blocks,
@@ -331,33 +352,58 @@ class Scheduler:
         self.preempted_tokens += r.num_computed_tokens
         r.num_preemptions += 1
         r.num_computed_tokens = 0
+        r.spec_token_ids = []
         r.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(r)
 
-    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int],
+    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int | list[int]],
                            now: float) -> list[Request]:
-        """Record the step's new tokens at time ``now``; return the requests that finished."""
+        """Record the step's new tokens at time ``now``; return the requests that finished.
+
+        A request that verified draft tokens gets the target's token at each of the k + 1
+        verified positions: the longest prefix of drafts the target agrees with is accepted, plus
+        the target's next token (``speculative.greedy_accept``); the K/V of rejected drafts are
+        forgotten (``num_computed_tokens`` stops before them) and their surplus blocks freed."""
         finished = []
         for s in output.scheduled:
             r = s.request
             if r.is_finished:  # failed during the step (``fail_request``): nothing to record
                 continue
-            r.num_computed_tokens = s.context_len
-            self.kv.cache_full_blocks(r)
+            k = len(s.draft_tokens)
+            r.num_computed_tokens = s.context_len - k
+            r.spec_token_ids = []
             if r.num_computed_tokens < r.num_tokens:  # a prompt chunk that samples nothing
+                self.kv.cache_full_blocks(r)
                 continue
-            token = sampled[r.request_id]
-            r.output_token_ids.append(token)
-            r.token_times.append(now)
-            if r.first_token_time is None:
-                r.first_token_time = now
-            if token in r.stop_ids():
-                self._finish(r, FinishReason.STOP, now)
-            elif len(r.output_token_ids) >= r.sampling_params.max_tokens or r.num_tokens >= self.max_model_len:
-                self._finish(r, FinishReason.LENGTH, now)
+            if k:
+                accepted, nxt = greedy_accept(s.draft_tokens, sampled[r.request_id])
+                new = [*s.draft_tokens[:accepted], nxt]
+                r.num_computed_tokens += accepted  # their K/V were computed on the right prefix
+                r.num_draft_tokens += k
+                r.num_accepted_tokens += accepted
+            else:
+                new = [sampled[r.request_id]]
+            for token in new:
+                self._append(r, token, now)
+                if r.is_finished:
+                    break
+            r.num_computed_tokens = min(r.num_computed_tokens, r.num_tokens)
+            if k:
+                self.kv.trim(r, r.num_computed_tokens)
+            self.kv.cache_full_blocks(r)
             if r.is_finished:
                 finished.append(r)
         return finished
+
+    def _append(self, r: Request, token: int, now: float) -> None:
+        r.output_token_ids.append(token)
+        r.token_times.append(now)
+        if r.first_token_time is None:
+            r.first_token_time = now
+        if token in r.stop_ids():
+            self._finish(r, FinishReason.STOP, now)
+        elif len(r.output_token_ids) >= r.sampling_params.max_tokens or r.num_tokens >= self.max_model_len:
+            self._finish(r, FinishReason.LENGTH, now)
 
     @staticmethod
     def _finish(r: Request, reason: FinishReason, now: float) -> None:

@@ -1,6 +1,7 @@
 """Choosing the next token from logits: greedy, temperature, top-k and top-p, as vLLM does.
 
-Shared by chapter 1's generator (``ai_evolution.generation``) and the engine's runner.
+Shared by chapter 1's generator (``ai_evolution.generation``), the engine's runner and
+speculative decoding (``ai_evolution.speculative``, which needs ``token_probs``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,21 @@ def pick_tokens(logits: Tensor, temperature: float, top_k: int | None, top_p: fl
     ``SAMPLING_EPS``: a smaller temperature would overflow the division)."""
     if temperature < SAMPLING_EPS:
         return logits.argmax(dim=-1)
-    logits = logits / temperature
+    probs = token_probs(logits, temperature, top_k, top_p)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def token_probs(logits: Tensor, temperature: float, top_k: int | None = None,
+                top_p: float | None = None) -> Tensor:
+    """The distribution ``pick_tokens`` samples from, ``[..., V]`` -> ``[..., V]``: softmax of
+    ``logits / temperature`` restricted to the ``top_k`` most likely tokens and to the smallest
+    set whose probability reaches ``top_p``. Below ``SAMPLING_EPS`` it is the one-hot of the
+    argmax (greedy as a distribution; speculative sampling verification needs the
+    distributions themselves, not only a token)."""
+    if temperature < SAMPLING_EPS:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
+    shape = logits.shape
+    logits = logits.reshape(-1, shape[-1]) / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]                        # [B, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -30,5 +45,4 @@ def pick_tokens(logits: Tensor, temperature: float, top_k: int | None, top_p: fl
         drop[:, 0] = False  # however small top_p is (even below float32's resolution)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return logits.softmax(dim=-1).reshape(shape)

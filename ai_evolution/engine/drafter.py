@@ -1,0 +1,84 @@
+"""The draft side of speculative decoding in the engine (chapter 9).
+
+After every step, ``DraftProposer.propose`` gives each running greedy request up to ``k`` tokens
+from a small draft model; the scheduler sends them with the request's next decode token, the
+target verifies all of them in that one forward pass, and ``Scheduler.update_from_output``
+accepts the longest agreeing prefix plus the target's next token. The output is the target's
+greedy output, token for token, whatever the draft proposes: a bad draft only costs speed.
+
+The draft keeps its own KV cache per request (one row of ``max_model_len`` tokens): it writes
+its proposals' K/V as it drafts, and at the next proposal keeps only the part the target
+accepted (the rest is recomputed from the real tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..model.attention import ContiguousKVCache
+from ..model.decoder import Transformer
+from .request import Request
+
+
+@dataclass
+class _DraftState:
+    cache: ContiguousKVCache
+    valid: int = 0                 # tokens whose K/V in the draft cache are right
+    base: int = 0                  # where the last proposals started
+    drafts: list[int] = field(default_factory=list)
+
+
+class DraftProposer:
+    """Greedy proposals of ``k`` tokens from ``draft`` (same tokenizer as the target)."""
+
+    def __init__(self, draft: Transformer, k: int, max_model_len: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k (tokens propuestos por paso) debe ser un entero >= 1; se recibió {k!r}")
+        if max_model_len > draft.config.max_position_embeddings:
+            raise ValueError(f"max_model_len={max_model_len} supera las "
+                             f"{draft.config.max_position_embeddings} posiciones del modelo borrador")
+        self.draft, self.k, self.max_model_len = draft.eval(), k, max_model_len
+        param = next(draft.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        self._state: dict[str, _DraftState] = {}
+
+    def check_target(self, target: Transformer) -> None:
+        if target.config.vocab_size != self.draft.config.vocab_size:
+            raise ValueError(f"el borrador tiene {self.draft.config.vocab_size} tokens de vocabulario "
+                             f"y el objetivo {target.config.vocab_size}: deben compartir tokenizador")
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop the state of every request not in ``keep`` (finished, aborted)."""
+        for rid in [r for r in self._state if r not in keep]:
+            del self._state[rid]
+
+    @torch.inference_mode()
+    def propose(self, request: Request, k: int) -> list[int]:
+        """``k`` greedy draft tokens after ``request``'s tokens."""
+        tokens = request.all_token_ids
+        st = self._state.get(request.request_id)
+        if st is None:
+            st = self._state[request.request_id] = _DraftState(ContiguousKVCache(
+                self.draft.config, 1, self.max_model_len, dtype=self.dtype, device=self.device))
+        # the proposals' K/V are right only as far as the real tokens agree with them
+        agree = 0
+        while (agree < len(st.drafts) - 1 and st.base + agree < len(tokens)
+               and tokens[st.base + agree] == st.drafts[agree]):
+            agree += 1
+        valid = min(st.valid, st.base + agree) if st.drafts else st.valid
+        valid = min(valid, len(tokens) - 1)  # the last token is always fed
+        feed = tokens[valid:]
+        out: list[int] = []
+        pos = valid
+        for _ in range(k):
+            ids = torch.tensor([feed], device=self.device)
+            positions = torch.arange(pos, pos + len(feed), device=self.device)[None]
+            hidden = self.draft.hidden_states(ids, positions, kv_cache=st.cache)
+            nxt = int(self.draft.logits(hidden[0, -1]).argmax())
+            out.append(nxt)
+            pos += len(feed)
+            feed = [nxt]
+        st.valid, st.base, st.drafts = pos, len(tokens), out
+        return out
