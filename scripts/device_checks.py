@@ -13,6 +13,13 @@ Checks:
   prefill) gives the tokens of uncached greedy decoding, on the device, for each dtype it runs
   (a failure in float32; a count in 16-bit, where other shapes may round a near-tie apart);
 - ``hf-logits``: the decoder's logits against transformers on the same weights (fp32);
+- ``kv-int8``: the engine on an int8 KV cache gives the generator's tokens on the same cache;
+- ``speculative``: the engine with a draft (the target itself: every proposal accepted) gives
+  uncached greedy tokens in fewer steps;
+- ``quant-<fmt>``: the quantized model's fused kernels (``kernels``) match dequantize-then-matmul
+  and the engine serves it with the generator's tokens;
+- ``flash``: greedy generation with the tiled attention equals the reference; which SDPA
+  backends the device offers (a T4 has no FlashAttention-2);
 - ``lab-<kind>``: ``run_lab(kind, profile=...)`` runs and its contract validates, with its time.
 """
 
@@ -77,6 +84,75 @@ def check_hf_logits(device: torch.device, quick: bool) -> str:
     return f"max |logit difference| {diff:.1e}"
 
 
+def _prompts(vocab: int, n: int) -> list[list[int]]:
+    rng = random.Random(1)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(4, 40))] for _ in range(n)]
+
+
+def check_kv_int8(device: torch.device, quick: bool) -> str:
+    llm = LLM("tiny-es", device=device, max_num_seqs=4, kv_layout="paged", kv_dtype="int8")
+    prompts = _prompts(llm.model.config.vocab_size, 4 if quick else 12)
+    params = SamplingParams(max_tokens=8 if quick else 24, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    refs = [generate(llm.model, p, params.max_tokens, kv_dtype="int8")[0] for p in prompts]
+    bad = [i for i, (o, r) in enumerate(zip(outs, refs)) if o.token_ids != r]
+    if bad:
+        raise AssertionError(f"{len(bad)} of {len(prompts)} requests differ from the generator's "
+                             f"int8 cache: {bad}")
+    return f"{len(prompts)} requests identical; KV {llm.engine.executor.cache.nbytes / 2**20:.1f} MiB"
+
+
+def check_speculative(device: torch.device, quick: bool) -> str:
+    from ai_evolution.engine import build_engine
+    from ai_evolution.model import load_model
+
+    model = load_model("tiny-es", device=device)
+    prompts = _prompts(model.config.vocab_size, 4 if quick else 12)
+    items = [(0.0, p, SamplingParams(max_tokens=8 if quick else 24, ignore_eos=True)) for p in prompts]
+    plain = build_engine(model, max_num_seqs=4, max_model_len=256, kv_layout="paged")
+    spec = build_engine(model, max_num_seqs=4, max_model_len=256, kv_layout="paged",
+                        draft_model=model, num_speculative_tokens=4)
+    ref = [r.output_token_ids for r in plain.run(items)]
+    got = [r.output_token_ids for r in spec.run(items)]
+    if got != ref:
+        raise AssertionError("speculative output differs from plain greedy")
+    return f"identical; steps {len(spec.history)} vs {len(plain.history)} without a draft"
+
+
+def check_quant(device: torch.device, fmt: str, quick: bool) -> str:
+    from ai_evolution.model import load_model
+    from ai_evolution.model.quant import kernels, quantize_model
+
+    model = load_model("tiny-es", device=device)
+    q = quantize_model(model, fmt, 64 if fmt.startswith("int4") else None, backend="fast")
+    prompts = _prompts(model.config.vocab_size, 3 if quick else 8)
+    llm = LLM(q, max_num_seqs=4, max_model_len=256, kv_layout="paged")
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
+    bad = [i for i, (p, o) in enumerate(zip(prompts, outs)) if o.token_ids != generate(q, p, 8)[0]]
+    if bad:
+        raise AssertionError(f"{len(bad)} of {len(prompts)} requests differ from generate: {bad}")
+    return f"kernels {kernels(q)}; engine identical on {len(prompts)} requests"
+
+
+def check_flash(device: torch.device, quick: bool) -> str:
+    from ai_evolution.model import load_model
+    from ai_evolution.model.flash import flash_cached_attention
+
+    model = load_model("tiny-es", device=device)
+    prompts = _prompts(model.config.vocab_size, 2 if quick else 6)
+    bad = [i for i, p in enumerate(prompts)
+           if generate(model, p, 8, attn_fn=flash_cached_attention) != generate(model, p, 8)]
+    if bad:
+        raise AssertionError(f"tiled attention changed the greedy tokens of prompts {bad}")
+    backends = "n/a (cpu)"
+    if device.type == "cuda":
+        b = torch.backends.cuda
+        backends = ", ".join(name for name, on in (("flash", b.flash_sdp_enabled()),
+                                                    ("mem_efficient", b.mem_efficient_sdp_enabled()),
+                                                    ("math", b.math_sdp_enabled())) if on)
+    return f"greedy identical on {len(prompts)} prompts; SDPA backends enabled: {backends}"
+
+
 def check_lab(kind: str, profile: str, device: torch.device) -> str:
     contract = run_lab(kind, seed=0, profile=profile, device=str(device))  # validates itself
     return f"{len(contract['evidence'])} evidence items, profile {contract['profile']}"
@@ -106,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         checks.append((f"exact-{name}", lambda dtype=dtype: check_exact(device, dtype, args.quick)))
     if not args.no_hf:
         checks.append(("hf-logits", lambda: check_hf_logits(device, args.quick)))
+    checks.append(("kv-int8", lambda: check_kv_int8(device, args.quick)))
+    checks.append(("speculative", lambda: check_speculative(device, args.quick)))
+    for fmt in ("int8", "int4"):
+        checks.append((f"quant-{fmt}", lambda fmt=fmt: check_quant(device, fmt, args.quick)))
+    checks.append(("flash", lambda: check_flash(device, args.quick)))
     for kind in kinds:
         checks.append((f"lab-{kind}", lambda kind=kind: check_lab(kind, profile, device)))
 
