@@ -21,6 +21,45 @@ def es(x: float, decimals: int = 2) -> str:
     return (intpart + ("," + frac if frac else "")).replace("-", "\u2212")  # typographic minus
 
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def es_sig(x: float, digits: int = 6) -> str:
+    """``x`` with about ``digits`` significant digits and a decimal comma (a Spanish ``%g``):
+    ``es_sig(0.0123456, 3) -> '0,0123'``; powers of ten, ``'1,5 × 10⁻⁶'``, when extreme."""
+    if isinstance(x, bool) or not math.isfinite(float(x)):
+        return str(x)
+    x = float(x)
+    if x == 0:
+        return "0"
+    e = math.floor(math.log10(abs(x)))
+    if -4 <= e < 15:
+        text = es(x, max(0, digits - 1 - e))
+        return text.rstrip("0").rstrip(",") if "," in text else text
+    mantissa = es(x / 10**e, digits - 1)
+    mantissa = mantissa.rstrip("0").rstrip(",") if "," in mantissa else mantissa
+    return f"{mantissa} × 10{str(e).translate(_SUPERSCRIPT)}"
+
+
+def es_value(value) -> str:
+    """What a student's function returned, as a check message shows it: numbers with
+    ``es_sig`` (decimal comma), sequences as ``[a; b]`` and dicts as ``{'k': a; 'j': b}`` (the
+    semicolon keeps the decimal commas apart), anything else as its ``repr``."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, (int, float)) or type(value).__module__ == "numpy" and \
+            getattr(value, "ndim", 1) == 0:
+        try:
+            return es_sig(float(value), 7)
+        except (TypeError, ValueError):
+            return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + "; ".join(es_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + "; ".join(f"{k!r}: {es_value(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
 def es_bytes(n: float, decimals: int = 2) -> str:
     """A byte count with its unit: GB = 1e9 bytes for memories (as datasheets write them),
     KiB/MiB for exact powers of two (per-token KV sizes usually are), else kB/MB."""

@@ -191,16 +191,18 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
               "serve in fp16. 65 TFLOP/s is mixed precision (fp16 in, fp32 accumulate).",
     ),
     "apple-m5-pro-laptop": DeviceSpec(
-        name="Apple M5 Pro laptop (the course seed's machine)",
+        name="Apple M5 Pro laptop (the machine of the course's class 000)",
         memory_bytes=48e9,
         bandwidth_bytes_per_s=273e9,
         peak_flops={"fp16": 18e12},
         has_bf16=True,
-        source="course seed 000 (measured on the author's laptop)",
-        notes="273 GB/s was measured by the seed, not taken from a datasheet; 18 TFLOP/s fp16 "
-              "is the seed's figure. memory_bytes (48 GB) is the seed's configuration, unified "
-              "between CPU and GPU. The seed reports prefill 1143 tok/s and decode 42,6 tok/s "
-              "on a 5,38 GB 4-bit model file.",
+        source="course seed 000: the blog post of class 000 (measured on the author's laptop)",
+        notes="273 GB/s was measured by the source, not taken from a datasheet. 18 TFLOP/s is "
+              "the rate its 4-bit prefill achieved, not a datasheet peak: stored as the peak it "
+              "is a lower bound, and so is the ridge point computed from it. memory_bytes "
+              "(48 GB) is the source's configuration, unified between CPU and GPU. The source "
+              "reports prefill 1143 tok/s and decode 42,6 tok/s on a 5,38 GB 4-bit file of "
+              "Qwen3.5-9B.",
     ),
 }
 

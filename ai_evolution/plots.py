@@ -353,3 +353,219 @@ def settle_figure(settles: list[dict]):
     fig.suptitle("¿Cuántas peticiones necesita un p99? Bloques de una ejecución larga")
     fig.tight_layout()
     return fig
+
+
+# States of a request's life, as the scheduler sees it: (label, x centre, colour).
+LIFECYCLE_STATES = (("llegada", 0.7, "0.6"), ("cola\n(waiting)", 2.9, "tab:orange"),
+                    ("prefill\n(uno o más trozos)", 5.1, "tab:purple"),
+                    ("decodificación\n(un token\npor paso)", 7.3, "tab:blue"),
+                    ("terminada", 9.5, "tab:green"))
+
+
+def request_lifecycle_figure():
+    """The life of a request in a vLLM-style scheduler: arrival, queue, prefill (possibly in
+    chunks), decode, finish; preemption sends a running request back to the queue. A diagram,
+    no data: boxes are states, arrows are the transitions the scheduler makes."""
+    fig, ax = plt.subplots(figsize=(9.5, 3.2))
+    y, h, w = 1.6, 0.9, 1.6
+    for label, x, colour in LIFECYCLE_STATES:
+        ax.add_patch(plt.Rectangle((x - w / 2, y - h / 2), w, h, facecolor=colour, alpha=0.25,
+                                   edgecolor=colour, linewidth=1.5))
+        ax.text(x, y, label, ha="center", va="center", fontsize=9)
+    xs = [x for _, x, _ in LIFECYCLE_STATES]
+    steps = ("", "admitida:\nhay bloques", "último trozo:\nprimer token", "max_tokens\no parada")
+    for (a, b), what in zip(zip(xs, xs[1:]), steps):
+        ax.annotate("", xy=(b - w / 2, y), xytext=(a + w / 2, y),
+                    arrowprops=dict(arrowstyle="->", lw=1.5))
+        if what:
+            ax.text((a + b) / 2, y + h / 2 + 0.08, what, ha="center", va="bottom", fontsize=7.5)
+    # Preemption: from the running states (prefill, decode) back to the front of the queue.
+    for x_from in xs[2:4]:
+        ax.annotate("", xy=(xs[1] + 0.25, y - h / 2), xytext=(x_from, y - h / 2),
+                    arrowprops=dict(arrowstyle="->", lw=1.2, color="tab:red",
+                                    connectionstyle="arc3,rad=-0.35"))
+    ax.text((xs[1] + xs[3]) / 2, y - 1.35,
+            "expulsión: sin bloque libre, vuelve la primera a la cola y recalcula después",
+            ha="center", va="top", fontsize=8, color="tab:red")
+    # What the user sees: TTFT spans queue + prefill, TPOT/ITL the decode steps.
+    ax.annotate("", xy=(xs[2] + w / 2, y + 1.45), xytext=(xs[0], y + 1.45),
+                arrowprops=dict(arrowstyle="<->", lw=1, color="0.3"))
+    ax.text((xs[0] + xs[2] + w / 2) / 2, y + 1.5, "TTFT = espera en cola + prefill", ha="center",
+            va="bottom", fontsize=8, color="0.3")
+    ax.annotate("", xy=(xs[3] + w / 2, y + 1.45), xytext=(xs[3] - w / 2, y + 1.45),
+                arrowprops=dict(arrowstyle="<->", lw=1, color="0.3"))
+    ax.text(xs[3], y + 1.5, "TPOT, ITL", ha="center", va="bottom", fontsize=8, color="0.3")
+    ax.set_xlim(-0.2, 10.4)
+    ax.set_ylim(-0.1, 3.6)
+    ax.axis("off")
+    ax.set_title("La vida de una petición en el planificador")
+    fig.tight_layout()
+    return fig
+
+
+def quant_speed_figure(rows: list[dict], bandwidth_gbps: float, model_name: str,
+                       predicted_ms: list[float] | None = None):
+    """Decode step against the bytes it reads, one point per weight format (median, with the
+    range of the rounds), with the bandwidth floor (bytes / the measured read rate) and, if
+    given, a prediction per format. ``rows``: ``label``, ``bytes_per_step``, ``step_s``,
+    ``step_range_s`` (``labs.quantization.analyse_speed``)."""
+    mb = np.array([r["bytes_per_step"] / 1e6 for r in rows])
+    ms = np.array([1e3 * r["step_s"] for r in rows])
+    lo = ms - np.array([1e3 * r["step_range_s"][0] for r in rows])
+    hi = np.array([1e3 * r["step_range_s"][1] for r in rows]) - ms
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    x = np.linspace(0, mb.max() * 1.08, 50)
+    ax.plot(x, x * 1e6 / (bandwidth_gbps * 1e9) * 1e3, color="tab:gray", ls="--",
+            label=f"suelo: bytes / {es(bandwidth_gbps, 1)} GB/s")
+    if predicted_ms is not None:
+        ax.plot(mb, predicted_ms, "s", color="tab:orange", mfc="none",
+                label="predicción (suelo + sobrecarga)")
+    ax.errorbar(mb, ms, yerr=[lo, hi], fmt="o", color="tab:blue", capsize=3, label="medido")
+    for r, x_, y_ in zip(rows, mb, ms):
+        ax.annotate(r["label"], (x_, y_), textcoords="offset points", xytext=(6, 4), fontsize=9)
+    ax.set(xlabel="bytes leídos por paso (MB)", ylabel="tiempo por paso (ms)",
+           title=f"Decodificación con lote 1 de {model_name}, mismo modelo en cada formato")
+    ax.set_xlim(0, mb.max() * 1.12)
+    ax.set_ylim(0, max(ms.max() + hi.max(), *(predicted_ms or [0])) * 1.12)
+    decimal_comma(ax)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def pareto_figure(rows: list[dict], front: list[str], model_name: str, tokens: int):
+    """Perplexity on held-out text against bytes per weight, one point per format, the Pareto
+    front joined. ``rows``: ``label``, ``bytes_per_weight``, ``perplexity``,
+    ``increase_interval`` (relative to bf16, for the error bars)."""
+    by = {r["label"]: r for r in rows}
+    base = by["bf16"]["perplexity"]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in rows:
+        low, high = (base * (1 + v) for v in r["increase_interval"])
+        on = r["label"] in front
+        ax.errorbar(r["bytes_per_weight"], r["perplexity"],
+                    yerr=[[max(0.0, r["perplexity"] - low)], [max(0.0, high - r["perplexity"])]],
+                    fmt="o", color="tab:blue" if on else "tab:gray", capsize=3)
+        ax.annotate(r["label"], (r["bytes_per_weight"], r["perplexity"]),
+                    textcoords="offset points", xytext=(6, 4), fontsize=9)
+    ax.plot([by[k]["bytes_per_weight"] for k in front], [by[k]["perplexity"] for k in front],
+            color="tab:blue", lw=1, label="frente de Pareto")
+    ax.axhline(base, color="tab:gray", ls=":", lw=1, label="bf16")
+    ax.set_xscale("log", base=2)
+    ticks = sorted({round(r["bytes_per_weight"], 3) for r in rows})
+    ax.set_xticks(ticks, [es(t, 2) for t in ticks], fontsize=8)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(_COMMA)
+    ax.set(xlabel="bytes por peso de las capas lineales (con escalas; escala logarítmica)",
+           ylabel="perplejidad",
+           title=f"{model_name}: perplejidad en {tokens} tokens que no vio al entrenar")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def layer_error_figure(errors: dict[str, dict[str, float]]):
+    """Relative error of every linear layer's weight (module order), one line per format."""
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    for label, per_layer in errors.items():
+        ax.plot(range(1, len(per_layer) + 1), [100 * v for v in per_layer.values()], "o-",
+                ms=3, lw=1, label=label)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: f"{y:g}".replace(".", ",")))
+    ax.set(xlabel="capa lineal (en el orden del modelo; la última es lm_head)",
+           ylabel="error relativo del peso (%)", title="Error de cada matriz cuantizada")
+    ax.legend(ncol=3, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def flash_io_memory_figure(io: dict, memory: dict):
+    """Chapter 8 in one figure: the IO model's bytes against N (naive vs tiled), the tiled
+    bytes against the query tile at one N (hollow: tiles that do not fit the fast memory), and
+    the peak memory measured on this machine against N (naive, tiled, SDPA)."""
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4.2))
+    n = np.asarray(io["sizes"])
+    ax1.plot(n, np.asarray(io["naive_bytes"]) / 1e6, "o-", color="tab:red", label="ingenua")
+    ax1.plot(n, np.asarray(io["tiled_bytes"]) / 1e6, "s-", color="tab:blue",
+             label=f"por bloques ({es(io['fast_memory_bytes'] / 1024, 0)} KiB de memoria rápida)")
+    ax1.set_xscale("log", base=2)
+    _log_y(ax1)
+    ax1.xaxis.set_major_formatter(_COMMA)
+    ax1.set(xlabel="N (tokens del prefill causal)", ylabel="MB movidos (escala log.)",
+            title=f"Modelo de E/S: una cabeza, d = {io['head_dim']}")
+    ax1.legend(fontsize=8)
+    sweep = io["sweep"]
+    bq = np.array([r["block_q"] for r in sweep])
+    mb = np.array([r["bytes"] for r in sweep]) / 1e6
+    fits = np.array([r["fits"] for r in sweep])
+    ax2.plot(bq, mb, "-", color="tab:blue", lw=1)
+    ax2.plot(bq[fits], mb[fits], "o", color="tab:blue", label="cabe en la memoria rápida")
+    ax2.plot(bq[~fits], mb[~fits], "o", mfc="none", color="tab:blue", label="no cabe")
+    naive_sweep = io["naive_bytes"][io["sizes"].index(io["sweep_n"])] / 1e6 \
+        if io["sweep_n"] in io["sizes"] else None
+    if naive_sweep is not None:
+        ax2.axhline(naive_sweep, color="tab:red", ls="--", lw=1, label="ingenua")
+    ax2.set_xscale("log", base=2)
+    _log_y(ax2)
+    ax2.xaxis.set_major_formatter(_COMMA)
+    ax2.set(xlabel=f"bloque de consultas (bloque de claves: {sweep[0]['block_k']})",
+            ylabel="MB movidos (escala log.)", title=f"Modelo de E/S en N = {io['sweep_n']}")
+    ax2.legend(fontsize=8)
+    m = np.asarray(memory["sizes"])
+    for name, label, style, color in (("naive", "ingenua", "o-", "tab:red"),
+                                      ("tiled", "por bloques", "s-", "tab:blue"),
+                                      ("sdpa", "SDPA", "^-", "tab:green")):
+        ax3.plot(m, np.asarray(memory["peak_bytes"][name]) / 1e6, style, color=color, label=label)
+    ax3.plot(m, np.asarray(memory["score_matrix_bytes"]) / 1e6, ":", color="0.4",
+             label="una matriz N × N por cabeza")
+    ax3.set_xscale("log", base=2)
+    _log_y(ax3)
+    ax3.xaxis.set_major_formatter(_COMMA)
+    ax3.set(xlabel="N (tokens del prefill causal)", ylabel="MB (escala log.)",
+            title=f"Memoria pico medida ({memory['device']}, {memory['dtype']})")
+    ax3.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def attention_time_figure(timing: dict):
+    """Median milliseconds per call of naive, tiled (a Python loop) and SDPA attention against N."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    n = np.asarray(timing["sizes"])
+    for name, label, style, color in (("naive", "ingenua", "o-", "tab:red"),
+                                      ("tiled", "por bloques (bucle en Python)", "s-", "tab:blue"),
+                                      ("sdpa", "SDPA (núcleo fusionado)", "^-", "tab:green")):
+        ax.plot(n, [float(np.median(r)) for r in timing["ms"][name]], style, color=color,
+                label=label)
+    ax.set_xscale("log", base=2)
+    _log_y(ax)
+    ax.xaxis.set_major_formatter(_COMMA)
+    ax.set(xlabel="N (tokens del prefill causal)", ylabel="ms por llamada (mediana, escala log.)",
+           title=f"Tiempo de la atención ({timing['dtype']}, {timing['torch_threads']} hilo(s))")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def weights_kv_figure(roof: dict):
+    """Bytes one decode step reads against the batch size: weights (once per step) plus the KV
+    cache (once per sequence), one line per weight/cache format (``labs.quantization.
+    weights_vs_kv``), with the batch at which the cache outweighs the weights marked."""
+    b = np.asarray(roof["batches"])
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for (label, series), color in zip(roof["step_bytes"].items(),
+                                      ("tab:gray", "tab:blue", "tab:orange", "tab:green")):
+        ax.plot(b, np.asarray(series) / 1e9, "o-", ms=3, color=color, label=label)
+        cross = roof["crossing_batch"][label]
+        if b.min() <= cross <= b.max():
+            ax.axvline(cross, color=color, lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(b, [str(x) for x in b])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: f"{y:g}".replace(".", ",")))
+    ax.set(xlabel="secuencias en el lote", ylabel="bytes leídos por paso (GB)",
+           title=f"{roof['model']}, {roof['context_len']} tokens de contexto por secuencia")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

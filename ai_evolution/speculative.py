@@ -170,13 +170,15 @@ def chi_square_gof(counts: Sequence[int] | Tensor, probs: Sequence[float] | Tens
 # --- a plain speculative generation loop -------------------------------------------------------
 @dataclass(frozen=True)
 class SpecStep:
-    """One draft-and-verify step: ``drafted`` tokens proposed, ``accepted`` of them kept by the
-    verification, ``emitted`` tokens appended to the output (``accepted + 1`` unless the output
-    stopped on EOS or on ``max_new_tokens`` inside this step)."""
+    """One draft-and-verify step: ``drafted`` tokens proposed (``proposed``, the tokens
+    themselves), ``accepted`` of them kept by the verification, ``emitted`` tokens appended to
+    the output (``accepted + 1`` unless the output stopped on EOS or on ``max_new_tokens``
+    inside this step)."""
 
     drafted: int
     accepted: int
     emitted: int
+    proposed: tuple[int, ...] = field(default=(), compare=False)
 
 
 @dataclass
@@ -343,17 +345,17 @@ def speculative_generate(target: Transformer, draft: Transformer, prompt_ids: Se
             else:
                 q_rows = torch.stack(draft_dists) if drafts else verify.new_zeros(0, verify.shape[-1])
                 n, nxt = rejection_sample(drafts, q_rows, probs(verify), generator)
-            # Roll back: keep the K/V of seq and of the n kept proposals; the rest is stale.
-            target_len = len(seq) + n
-            draft_len = min(draft_len, len(seq) + n)
             new = drafts[:n] + [nxt]
             new = new[:max_new_tokens - len(out.tokens)]
             for j, t in enumerate(new):
                 if t in eos:
-                    new = new[:j + 1]
+                    new = new[:j]
                     break
-            out.steps.append(SpecStep(drafted=k_step, accepted=n, emitted=len(new)))
+            out.steps.append(SpecStep(drafted=k_step, accepted=n, emitted=len(new), proposed=tuple(drafts)))
             out.tokens.extend(new)
             seq.extend(new)
-            target_len = min(target_len, len(seq) - 1)
+            # Roll back: each cache keeps the K/V of the committed tokens it has run, at most all
+            # but the new last one; the slots of rejected proposals are stale, overwritten later.
+            target_len = len(seq) - 1
+            draft_len = min(draft_len, len(seq) - 1)
     return out

@@ -33,6 +33,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END, HINT = "# BEGIN SOLUTION", "# END SOLUTION", "# PISTA:"
 INSTALL_MARKER = "# colab-install"
+# How the book shows a cell (myst-nb); the student notebook shows every cell whole.
+BOOK_ONLY_TAGS = ("remove-cell", "remove-input", "hide-input")
 _INSTALL_LINE = re.compile(r'^(\s*%pip install -q ")git\+[^"]*(" *' + re.escape(INSTALL_MARKER) + r")\s*$",
                            re.M)
 
@@ -86,7 +88,7 @@ def make_student(solution_md: Path, url: str) -> nbformat.NotebookNode:
             continue
         cell.source = install_source(cell.source, url)
         cell.source, found = strip_solution(cell.source, f"{solution_md}, cell {n + 1}")
-        tags = [t for t in cell.metadata.get("tags", []) if t not in ("remove-cell", "remove-input")]
+        tags = [t for t in cell.metadata.get("tags", []) if t not in BOOK_ONLY_TAGS]
         if found and "exercise" not in tags:
             tags.append("exercise")
         if tags:

@@ -1,9 +1,12 @@
 #!/usr/bin/env python
-"""Train ``tiny-es``, the small Spanish model shipped with ai_evolution, from ``data/corpus/``.
+"""Train ``tiny-es``, the small Spanish model shipped with ai_evolution, from ``data/corpus/``,
+or (``--draft``) ``tiny-es-draft``, its smaller draft model for speculative decoding.
 
 Steps:
   1. Read ``data/corpus/*.txt`` (sorted by name) and hash it.
-  2. Train a byte-level BPE tokenizer (special tokens ``<s>``, ``</s>``, ``<pad>``).
+  2. Train a byte-level BPE tokenizer (special tokens ``<s>``, ``</s>``, ``<pad>``), or reuse an
+     existing ``tokenizer.json`` (``--tokenizer``; the draft reuses tiny-es's, so both models
+     speak the same token ids).
   3. Tokenize each file as ``<s> text </s>``; the last ``--val-fraction`` of every file's tokens
      is held out for validation, the rest is concatenated into one training stream.
   4. Train a Llama-family decoder (GQA, tied embeddings) with AdamW, linear warm-up and cosine
@@ -11,11 +14,14 @@ Steps:
      dropout, off by default).
   5. Save ``config.json`` + ``model.safetensors`` (``--save-dtype``), ``tokenizer.json`` and
      ``training.json`` (corpus hashes, hyperparameters, losses, timings, versions).
+  6. With ``--target``: measure the greedy acceptance rate of the new model as a draft for the
+     target on held-out prompts (the start of every third file's validation tail), per k.
 
 Same seed + same corpus + same machine + same thread count -> the same weights, bit for bit.
 
     python scripts/train_tiny_es.py                 # the shipped run
     python scripts/train_tiny_es.py --steps 40 --out /tmp/tiny-es-trial   # a quick trial
+    python scripts/train_tiny_es.py --draft         # the shipped draft model (tiny-es-draft)
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import math
 import os
 import platform
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -54,10 +61,29 @@ from ai_evolution.model.tokenizer import (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN,  # no
 DEFAULT_CORPUS = REPO / "data" / "corpus"
 DEFAULT_OUT = REPO / "ai_evolution" / "model" / "shipped" / "tiny-es"
 SAMPLE_PROMPTS = ("La caché KV", "El prefill", "Un modelo de lenguaje")
+# --draft: the defaults that differ for tiny-es-draft (any flag given explicitly still wins).
+DRAFT_DEFAULTS = dict(
+    name="tiny-es-draft", out=DEFAULT_OUT.parent / "tiny-es-draft", tokenizer=DEFAULT_OUT / "tokenizer.json",
+    target=DEFAULT_OUT, distill_from=DEFAULT_OUT, layers=2, hidden=128, heads=2, kv_heads=1, intermediate=352, steps=360, lr=3e-3,
+)
+ACCEPTANCE_KS = (1, 2, 4)
+ACCEPTANCE_PROMPT_TOKENS = 16
+ACCEPTANCE_NEW_TOKENS = 48
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--draft", action="store_true",
+                   help=f"train the draft model instead: defaults become {DRAFT_DEFAULTS}")
+    p.add_argument("--name", default="tiny-es", help="model name in config and training record")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="reuse this tokenizer.json instead of training one")
+    p.add_argument("--target", type=Path, default=None,
+                   help="a trained model folder: measure the greedy acceptance rate of this model as its draft")
+    p.add_argument("--distill-from", type=Path, default=None,
+                   help="a trained model folder: train on its distributions too (knowledge distillation)")
+    p.add_argument("--distill-weight", type=float, default=1.0,
+                   help="with --distill-from: loss = (1 - w) x cross entropy + w x KL(teacher || model)")
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="folder with the *.txt corpus")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: the shipped model)")
     p.add_argument("--steps", type=int, default=1300, help="optimizer steps")
@@ -82,6 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--intermediate", type=int, default=704)
     p.add_argument("--max-positions", type=int, default=512)
     p.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default="float16")
+    if p.parse_known_args(argv)[0].draft:
+        p.set_defaults(**DRAFT_DEFAULTS)
     return p.parse_args(argv)
 
 
@@ -153,6 +181,21 @@ def lm_loss(model, ids: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
+def distill_loss(model, teacher, ids: torch.Tensor, weight: float) -> torch.Tensor:
+    """``(1 - weight)`` x next-token cross entropy + ``weight`` x KL(teacher || model), mean per
+    token, at temperature 1 (knowledge distillation, Hinton et al., 2015). A draft trained to
+    match its target's distributions agrees with the target more often (DistillSpec, Zhou et
+    al., 2023), which is all speculative decoding asks of it."""
+    logits = model(ids[:, :-1])
+    flat = logits.reshape(-1, logits.shape[-1])
+    with torch.no_grad():
+        teacher_logp = teacher(ids[:, :-1]).reshape(-1, logits.shape[-1]).log_softmax(-1)
+    kl = F.kl_div(flat.log_softmax(-1), teacher_logp, log_target=True, reduction="batchmean")
+    if weight >= 1:
+        return kl
+    return (1 - weight) * F.cross_entropy(flat, ids[:, 1:].reshape(-1)) + weight * kl
+
+
 @torch.no_grad()
 def eval_loss(model, chunks: list[torch.Tensor], seq_len: int) -> float:
     """Token-weighted mean loss over ``chunks``, each cut into windows of at most seq_len+1."""
@@ -202,6 +245,44 @@ def set_determinism(seed: int, threads: int) -> None:
     torch.manual_seed(seed)
 
 
+def held_out_prompts(val_chunks: list[torch.Tensor], length: int) -> list[list[int]]:
+    """The first ``length`` tokens of every third file's validation tail: text no model saw."""
+    return [v[:length].tolist() for v in val_chunks[::3] if len(v) >= length]
+
+
+def measure_acceptance(draft, target_dir: Path, prompts: list[list[int]], eos_token_id: int) -> dict:
+    """Greedy speculative decoding of the target with ``draft`` on ``prompts``, for each k in
+    ``ACCEPTANCE_KS``: acceptance rate, acceptance per draft position, tokens per verification,
+    and whether the output equals the target's plain greedy decoding."""
+    from ai_evolution.speculative import pooled, speculative_generate
+
+    target = load_pretrained(target_dir)
+    plain = [generate(target, p, ACCEPTANCE_NEW_TOKENS, eos_token_id=eos_token_id)[0] for p in prompts]
+    per_k = {}
+    for k in ACCEPTANCE_KS:
+        runs = [speculative_generate(target, draft, p, ACCEPTANCE_NEW_TOKENS, k, eos_token_id=eos_token_id)
+                for p in prompts]
+        pool = pooled(runs)
+        per_k[str(k)] = {
+            "alpha": round(pool.alpha, 4),
+            "acceptance_by_position": [round(a, 4) for a in pool.acceptance_by_position()],
+            "tokens_per_step": round(pool.tokens_per_step, 4),
+            "steps": len(pool.steps),
+            "equals_plain_greedy": all(r.tokens == ref for r, ref in zip(runs, plain)),
+        }
+        print(f"acceptance k={k}: alpha {per_k[str(k)]['alpha']:.3f}  tokens/step "
+              f"{per_k[str(k)]['tokens_per_step']:.2f}  exact {per_k[str(k)]['equals_plain_greedy']}", flush=True)
+    return {
+        "target": str(target_dir.relative_to(REPO)) if target_dir.is_relative_to(REPO) else str(target_dir),
+        "decoding": "greedy (ai_evolution.speculative.speculative_generate)",
+        "prompts": f"first {ACCEPTANCE_PROMPT_TOKENS} tokens of every third file's validation tail "
+                   f"({len(prompts)} prompts)",
+        "new_tokens_per_prompt": ACCEPTANCE_NEW_TOKENS,
+        "alpha_definition": "kept drafted tokens / drafted tokens the verification examined",
+        "per_k": per_k,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     set_determinism(args.seed, args.threads)
@@ -211,7 +292,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"corpus: {corpus_info['num_files']} files, {corpus_info['bytes']:,} bytes, "
           f"sha256 {corpus_info['sha256'][:16]}...", flush=True)
 
-    tok = train_tokenizer([t for _, t in docs], args.vocab_size)
+    if args.tokenizer is not None:
+        tok = Tokenizer.from_file(args.tokenizer)
+    else:
+        tok = train_tokenizer([t for _, t in docs], args.vocab_size)
     for _, text in docs:  # byte-level BPE must round-trip the whole corpus
         assert tok.decode(tok.encode(text)) == text
     train_ids, val_chunks = split_tokens(tok, docs, args.val_fraction)
@@ -220,7 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"({corpus_info['bytes'] / (len(train_ids) + n_val):.2f} bytes/token)", flush=True)
 
     config = ModelConfig(
-        name="tiny-es", model_type="llama",
+        name=args.name, model_type="llama",
         num_layers=args.layers, hidden_size=args.hidden, num_heads=args.heads,
         num_kv_heads=args.kv_heads, intermediate_size=args.intermediate, vocab_size=tok.vocab_size,
         rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
@@ -231,6 +315,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise ValueError("--seq-len must not exceed --max-positions")
     model = random_model(config, seed=args.seed).train()
     dropout_hooks = add_residual_dropout(model, args.dropout)
+    teacher = None
+    if args.distill_from is not None:
+        teacher = load_pretrained(args.distill_from).eval()
+        if teacher.config.vocab_size != tok.vocab_size:
+            raise ValueError(f"--distill-from has {teacher.config.vocab_size} tokens, the tokenizer {tok.vocab_size}")
     n_params = model.num_parameters()
     print(f"model: {config.num_layers} layers, hidden {config.hidden_size}, heads {config.num_heads} "
           f"(kv {config.num_kv_heads}), mlp {config.intermediate_size}, {n_params:,} parameters", flush=True)
@@ -259,7 +348,7 @@ def main(argv: list[str] | None = None) -> dict:
             group["lr"] = lr
         starts = torch.randint(0, max_start + 1, (args.batch_size,), generator=data_gen)
         batch = torch.stack([train_ids[s:s + args.seq_len + 1] for s in starts.tolist()])
-        loss = lm_loss(model, batch)
+        loss = lm_loss(model, batch) if teacher is None else distill_loss(model, teacher, batch, args.distill_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -289,7 +378,10 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     save_dtype = getattr(torch, args.save_dtype)
     save_pretrained(copy.deepcopy(model).to(save_dtype), out)
-    tok.backend.save(str(out / "tokenizer.json"))
+    if args.tokenizer is not None:
+        shutil.copyfile(args.tokenizer, out / "tokenizer.json")
+    else:
+        tok.backend.save(str(out / "tokenizer.json"))
     shipped = load_pretrained(out)
     shipped_train = eval_loss(shipped, [train_ids], args.seq_len)
     shipped_val = eval_loss(shipped, val_chunks, args.seq_len)
@@ -305,12 +397,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     wall = time.perf_counter() - t_start
     record = {
-        "model": "tiny-es",
+        "model": args.name,
         "corpus": corpus_info,
         "tokenizer": {
             "type": "byte-level BPE (tokenizers)",
             "vocab_size": tok.vocab_size,
-            "requested_vocab_size": args.vocab_size,
+            "requested_vocab_size": None if args.tokenizer is not None else args.vocab_size,
+            "source": "trained by this run" if args.tokenizer is None else (
+                str(args.tokenizer.relative_to(REPO)) if args.tokenizer.is_relative_to(REPO) else str(args.tokenizer)),
+            "sha256": hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest(),
             "min_frequency": 2,
             "special_tokens": {BOS_TOKEN: tok.bos_token_id, EOS_TOKEN: tok.eos_token_id,
                                PAD_TOKEN: tok.pad_token_id},
@@ -331,6 +426,12 @@ def main(argv: list[str] | None = None) -> dict:
             "warmup_steps": args.warmup, "min_lr_ratio": args.min_lr_ratio,
             "grad_clip": args.grad_clip, "dropout": args.dropout,
             "dropout_where": "output of every attention and MLP block (training only)",
+            "distill_from": None if args.distill_from is None else (
+                str(args.distill_from.relative_to(REPO)) if args.distill_from.is_relative_to(REPO)
+                else str(args.distill_from)),
+            "distill_weight": None if args.distill_from is None else args.distill_weight,
+            "loss": "next-token cross entropy" if args.distill_from is None else
+                    "(1 - distill_weight) x cross entropy + distill_weight x KL(teacher || model), per token",
             "val_fraction": args.val_fraction,
             "val_split": "last val_fraction of the tokens of every file",
             "init": "ai_evolution.model.checkpoint.random_model(config, seed), N(0, 0.02)",
@@ -367,6 +468,9 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "command": "python scripts/train_tiny_es.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
+    if args.target is not None:
+        prompts = held_out_prompts(val_chunks, ACCEPTANCE_PROMPT_TOKENS)
+        record["acceptance_vs_target"] = measure_acceptance(shipped, args.target, prompts, tok.eos_token_id)
     (out / "training.json").write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     print(f"final: train {final_train:.4f} (ppl {math.exp(final_train):.2f})  val {final_val:.4f} "
           f"(ppl {math.exp(final_val):.2f})  shipped-weights val {shipped_val:.4f}", flush=True)

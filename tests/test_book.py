@@ -119,3 +119,30 @@ def test_each_lab_executes_within_twice_its_ci_budget(built_book):
     print("lab execution (s):", {lab: round(s, 1) for lab, s in sorted(seconds.items())})
     assert not over, (f"labs over twice the {LAB_BUDGET_S:.0f} s budget of the `ci` profile: {over}; "
                       "shrink their `ci` parameters")
+
+
+_STUDENT_BOX = re.compile(r'<div class="(?:[^"]*\s)?student-notebook(?:\s[^"]*)?">(.*?)</div>', re.S)
+
+
+def test_each_lab_page_opens_its_student_notebook_in_colab(built_book):
+    """Under each lab's title, a box (``_ext/lab_pages.py``) links the student notebook on Colab,
+    the one the student fills in, and says which notebook the page is; the header's launch menu
+    offers it too. Chapters have neither. The toggles of folded cells are in Spanish."""
+    assert built_book["returncode"] == 0, built_book["log"]
+    html, config = built_book["html"], _config()
+    pages = _toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8")))
+    for page in pages:
+        text = (html / f"{page}.html").read_text(encoding="utf-8")
+        assert "Show code cell" not in text, f"{page}.html shows myst-nb's English toggle"
+        if not page.startswith("labs/"):
+            assert "student-notebook" not in text, f"{page}.html is not a lab but has the box"
+            continue
+        student = f"{Path(page).parent.as_posix()}/notebook_student.ipynb"
+        assert (ROOT / student).is_file(), f"{student} is missing (run `make student`)"
+        url = _colab_url(config, student)
+        box = _STUDENT_BOX.search(text)
+        assert box, f"{page}.html has no student-notebook box"
+        assert f'href="{url}"' in box.group(1), f"the box of {page}.html does not open {url}"
+        assert "notebook_solution.ipynb" in box.group(1) and student in box.group(1)
+        assert box.start() < text.find('class="cell'), f"the box of {page}.html is not at the top"
+        assert text.count(f'href="{url}"') == 2, f"{page}.html: the launch menu does not offer {url}"

@@ -151,20 +151,53 @@ def test_fit_reference_stays_physical_on_noisy_linear_data():
         assert 0 <= f["quadratic_share"] <= 1 and 0 <= f["exponent"] <= 2
 
 
-def test_budget_check_accepts_reference_and_rejects_rounding_up():
+def _budget(rounding=math.floor, reserve=True, blocks=True, kv_in_weight_dtype=False,
+            negative=False):
+    """The memory budget, written as a student would, with one of the plausible mistakes."""
+    def fn(cfg, mem, util, act, wdt, kdt, block, ctx):
+        budget = mem * util - weight_bytes(cfg, wdt) - (act if reserve else 0.0)
+        if budget <= 0 and not negative:
+            return {"kv_budget_bytes": 0.0, "num_blocks": 0, "max_tokens": 0, "sequences": 0}
+        per_token = kv_bytes_per_token(cfg, wdt if kv_in_weight_dtype else kdt)
+        n_blocks = math.floor(budget / (per_token * block))
+        seqs = rounding(n_blocks / math.ceil(ctx / block)) if blocks else \
+            rounding(budget / (per_token * ctx))
+        return {"kv_budget_bytes": budget, "num_blocks": n_blocks,
+                "max_tokens": n_blocks * block, "sequences": seqs}
+    return fn
+
+
+def test_budget_check_accepts_reference_and_a_student_version():
     assert checks.check_sequences_that_fit(checks.reference_sequences_that_fit,
                                            raise_on_fail=False).passed
-
-    def rounds_up(cfg, mem, ctx, util, dtype):
-        free = mem * util - weight_bytes(cfg, dtype)
-        return max(0, math.ceil(free / (kv_bytes_per_token(cfg, dtype) * ctx)))
-    fails(checks.check_sequences_that_fit, rounds_up, "redondee hacia abajo")
+    assert checks.check_sequences_that_fit(_budget(), raise_on_fail=False).passed
 
 
-def test_budget_check_rejects_ignoring_the_weights():
-    def no_weights(cfg, mem, ctx, util, dtype):
-        return int(mem * util // (kv_bytes_per_token(cfg, dtype) * ctx))
-    fails(checks.check_sequences_that_fit, no_weights, "se esperaban")
+@pytest.mark.parametrize("mistake, match", [
+    (dict(rounding=math.ceil), "Redondee hacia abajo"),
+    (dict(reserve=False), "reserva de activaciones"),
+    (dict(blocks=False), "bloques enteros"),
+    (dict(kv_in_weight_dtype=True), "La caché va en fp8"),
+    (dict(negative=True), "no negativo"),
+])
+def test_budget_check_names_each_plausible_mistake(mistake, match):
+    fails(checks.check_sequences_that_fit, _budget(**mistake), "Pista:", match)
+
+
+def test_budget_check_rejects_ignoring_the_weights_and_old_answers():
+    def no_weights(cfg, mem, util, act, wdt, kdt, block, ctx):
+        return _budget()(cfg, mem + weight_bytes(cfg, wdt) / util, util, act, wdt, kdt, block, ctx)
+    fails(checks.check_sequences_that_fit, no_weights, "kv_budget_bytes: se esperaba")
+    fails(checks.check_sequences_that_fit, lambda *a: 4, "se espera un dict con las claves")
+
+
+def test_kv_cache_check_messages_use_the_decimal_comma():
+    import re
+    for check, fn in ((checks.check_kv_bytes_per_token, lambda c, d: 1.5),
+                      (checks.check_sequences_that_fit, _budget(reserve=False)),
+                      (checks.check_fit_growth, lambda n, t: {k: 0.25 for k in checks.FIT_KEYS})):
+        msg = check(fn, raise_on_fail=False).message
+        assert not re.search(r"(?<![\w-])\d+\.\d", msg), msg
 
 
 def test_extension_check_requires_four_keys_and_a_number():

@@ -26,6 +26,8 @@ FAST_FROM = {
     "paged_attention": "test_lab_paged_attention",
     "scheduler": "test_lab_scheduler",
     "observability": "test_lab_observability",
+    "quantization": "test_lab_quantization",
+    "flash_attention": "test_lab_flash_attention",
 }
 
 

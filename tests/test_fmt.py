@@ -19,3 +19,22 @@ def test_byte_units():
     assert es_bytes(2**19) == "512 KiB"
     assert es_bytes(2.147483648e9) == "2,15 GB"
     assert es_bytes(1536) == "1,54 kB"
+
+
+def test_significant_digits_with_decimal_comma():
+    from ai_evolution.fmt import es_sig
+    assert es_sig(0.0123456, 3) == "0,0123"
+    assert es_sig(2.0) == "2" and es_sig(0) == "0"
+    assert es_sig(-0.25) == "\u22120,25"
+    assert es_sig(1.5e-6) == "1,5 × 10⁻⁶"
+    assert "." not in es_sig(3.25e17)
+
+
+def test_returned_values_are_shown_with_decimal_comma_and_semicolons():
+    import numpy as np
+
+    from ai_evolution.fmt import es_value
+    assert es_value([0.5, 2]) == "[0,5; 2]"
+    assert es_value({"time_s": 0.5, "bound": "memory"}) == "{'time_s': 0,5; 'bound': 'memory'}"
+    assert es_value(np.float64(0.25)) == "0,25"
+    assert es_value(None) == "None" and es_value("x") == "'x'" and es_value(True) == "True"

@@ -25,7 +25,6 @@ from ai_evolution.grading import (DEFAULTS, find_assessment, grade_folder, grade
 from ai_evolution.grading.assessment import available_kinds, resolve_reference
 from ai_evolution.grading.sandbox import RunInfo
 from ai_evolution.grading.score import score
-from ai_evolution.hardware import get_device_spec
 from ai_evolution.labs import get_spec, list_labs
 from ai_evolution.labs.contract import evidence
 from ai_evolution.labs.observability import datacenter_target, measure_capacity
@@ -34,7 +33,7 @@ from ai_evolution.model import get_preset, kv_bytes_per_token
 ROOT = Path(__file__).resolve().parents[1]
 KV = ROOT / "labs" / "02-kv-cache"
 KINDS = ["roofline", "kv_cache", "continuous_batching", "paged_attention", "scheduler",
-         "observability"]
+         "observability", "quantization", "flash_attention"]
 
 
 def rows(gradebook: Path) -> dict[str, dict]:
@@ -92,6 +91,29 @@ def test_every_lab_folder_has_an_assessment_folder_for_its_kind():
     assert assessed == {p.name for p in labs}  # no assessment without its lab
 
 
+@pytest.mark.parametrize("kind", ["paged_attention", "scheduler", "observability"])
+def test_the_chapter_evaluation_is_the_assessment_set_and_its_challenge(kind):
+    """One question set and one challenge: the chapter's «Evaluación» includes the assessment's
+    questions and challenge (no questions of its own), and the assessment names the lab section
+    that holds the challenge."""
+    a = find_assessment(kind)
+    folder = a.folder.name
+    chapter = (ROOT / "book" / f"{folder}.md").read_text(encoding="utf-8")
+    start = chapter.index("\n## Evaluación\n")
+    following = re.search(r"\n## ", chapter[start + 1:])
+    section = chapter[start:start + 1 + following.start()] if following else chapter[start:]
+    include = f"```{{include}} ../assessments/{folder}/assessment.md\n"
+    assert section.count(include) == 2, section
+    assert include + ':start-after: "## Preguntas"\n:end-before: "## Rúbrica"\n```' in section
+    assert include + ':start-after: "## Reto verificable"\n```' in section
+    assert "**Pregunta" not in section and "Enunciado" not in section  # nothing of its own
+    text = (a.folder / "assessment.md").read_text(encoding="utf-8")
+    assert re.findall(r"^## .*", text, re.M)[-1] == "## Reto verificable"  # included to the end
+    lab = (a.lab_folder / "notebook_solution.md").read_text(encoding="utf-8")
+    number = re.search(r"^## (\d+)\. Reto verificable$", lab, re.M).group(1)
+    assert f"**Enunciado** (sección {number} del cuaderno)" in text
+
+
 def test_student_ids_come_from_file_names_and_stay_unique():
     got = student_ids([Path("b/Ana María.ipynb"), Path("a/ana maría.ipynb"), Path("x/ .ipynb"),
                        Path("y/Ana_María.ipynb")])
@@ -131,26 +153,69 @@ def synthetic_contract(kind: str, measurement: dict) -> dict:
 
 def good_measurement(kind: str) -> dict:
     if kind == "roofline":
-        laptop = get_device_spec("apple-m5-pro-laptop")
-        return {"bandwidth_gbps": 20.0, "measured_efficiency": 0.6, "floor_int8_ms": 3.0,
-                "floor_int4_ms": 1.5, "seed_floor_ms": 19.7,
-                "seed_efficiency": 5.38e9 / laptop.bandwidth_bytes_per_s * 42.6}
+        return {"fp32_floor_ms": 40.0, "half_floor_ms": 20.0, "fp32_step_ms": 60.0,
+                "half_step_ms": 48.0, "bytes_ratio": 2.0, "time_ratio": 1.25,
+                "time_ratio_low": 1.1, "time_ratio_high": 1.4, "repeats": 5}
     if kind == "kv_cache":
-        cfg = get_preset("tiny-es")
-        return {"fp32_bytes": kv_bytes_per_token(cfg, "fp32") * 1024,
-                "fp16_bytes": kv_bytes_per_token(cfg, "fp16") * 1024}
+        per_token = kv_bytes_per_token(get_preset("tiny-es"), "fp32")
+        return {"short_prompt_len": 16, "long_prompt_len": 256, "new_tokens": 32, "repeats": 5,
+                "short_kv_bytes": per_token * 17, "long_kv_bytes": per_token * 257,
+                "bytes_ratio": 1.07, "short_ms_per_token": 6.5, "long_ms_per_token": 6.76,
+                "time_ratio": 6.76 / 6.5, "time_ratio_low": 1.0, "time_ratio_high": 1.08}
     if kind == "continuous_batching":
-        cap = get_spec(kind).resolve_params("ci", {})["dc_caps"][-1]
-        return {"gain_width_8": 2.5, "gain_width_32": 3.1, "gain_width_128": 2.1, "cap": cap}
+        p = get_spec(kind).resolve_params("ci", {})
+        from ai_evolution.checks.continuous_batching import simulated_gains
+        gains = simulated_gains(
+            p["dc_device"], p["dc_model"], p["dc_requests"], p["dc_prompt_len"],
+            p["dc_mean_output"], p["dc_caps"][-1], max(p["dc_caps"]), 0)  # simulated once
+        return ({f"gain_width_{b}": g for b, g in gains.items()}
+                | {f"hb_width_{b}": sum(1 / k for k in range(1, b + 1)) for b in gains}
+                | {"cap": p["dc_caps"][-1]})
     if kind == "paged_attention":
         return {f"{k}_bs{b}": v for b in (4, 16, 64)
                 for k, v in (("utilization", 0.9), ("tokens_per_s", 300.0))}
     if kind == "observability":
         return {"capacity_req_s": simulated_capacity(), "worst_ttft_p99_s_at_0.5": 0.08,
                 "worst_ttft_p99_s_at_0.6": 0.15, "worst_ttft_p99_s_at_0.7": 0.21}
+    if kind == "quantization":
+        return quantization_measurement()
+    if kind == "flash_attention":
+        return flash_measurement()
     budgets = get_spec(kind).resolve_params("ci", {})["budgets"]
     return {"normal_step_ms": 10.0} | {f"{k}_ms_budget_{b}": 12.0 + b for b in budgets
                                        for k in ("itl_p99", "ttft")}
+
+
+def flash_measurement(**changes) -> dict:
+    """Lab 8's challenge answered from the IO model: the tiles that move the fewest bytes in a
+    48 KiB fast memory (causal prefill of 2048 tokens, d = 64, fp16) and their byte counts."""
+    from ai_evolution.sim.attention_io import best_tiles, flash_io, naive_io, working_set_bytes
+    n, d, mem = 2048, 64, 48 * 1024
+    bq, bk = best_tiles(n, d, mem, 2, causal=True)
+    tiled = flash_io(n, d, bq, bk, 2, causal=True).hbm_bytes
+    return {"n": n, "head_dim": d, "fast_memory_bytes": mem, "block_q": bq, "block_k": bk,
+            "working_set_bytes": working_set_bytes(bq, bk, d), "tiled_bytes": tiled,
+            "naive_bytes": naive_io(n, d, 2).hbm_bytes, "counted_bytes": tiled} | changes
+
+
+def quantization_measurement(**changes) -> dict:
+    """Lab 7's challenge answered from a plausible table (bytes per weight are tiny-es's): within
+    2 % at the top of the interval, int4-asym-g32 is the cheapest; three cheaper formats miss."""
+    from ai_evolution.model.memory import linear_shapes, quantized_weight_bytes
+    cfg = get_preset("tiny-es")
+    n = sum(o * k for _, o, k in linear_shapes(cfg))
+    ppl = {"bf16": (520.0, 0.0), "int8": (521.0, 0.5), "int4-g64": (530.0, 3.0),
+           "int4-g32": (528.0, 2.5), "int4-asym-g64": (540.0, 4.0), "int4-asym-g32": (524.0, 1.5)}
+    table = {k: {"bytes_per_weight": 2.0 if k == "bf16" else
+                 quantized_weight_bytes(cfg, k, "bf16") / n,
+                 "perplexity": p, "increase_high_pct": high} for k, (p, high) in ppl.items()}
+    chosen = table["int4-asym-g32"]
+    m = {"tolerance_pct": 2.0, "bf16_perplexity": 520.0,
+         "chosen_bytes_per_weight": chosen["bytes_per_weight"], "chosen_perplexity": 524.0,
+         "chosen_increase_pct": 100 * (524.0 / 520.0 - 1), "chosen_increase_high_pct": 1.5,
+         "formats_compared": 6, "cheaper_rejected": 3, "chosen_format": "int4-asym-g32",
+         "table": table}
+    return m | changes
 
 
 def simulated_capacity(seed: int = 0) -> float:
@@ -196,13 +261,41 @@ def decode_roofline(config, dtype, batch_size, context_len, bandwidth_bytes_per_
     return r
 '''),
         ("predict_step", "suma los dos límites", '''
+_ok = predict_step
 def predict_step(step_bytes, step_flops, bandwidth_bytes_per_s, peak_flops, overhead_s):
-    return step_bytes / bandwidth_bytes_per_s + step_flops / peak_flops + overhead_s
+    r = _ok(step_bytes, step_flops, bandwidth_bytes_per_s, peak_flops, overhead_s)
+    r["time_s"] = step_bytes / bandwidth_bytes_per_s + step_flops / peak_flops + overhead_s
+    return r
+'''),
+        ("predict_step", "a igualdad dice que manda el cálculo", '''
+_ok = predict_step
+def predict_step(step_bytes, step_flops, bandwidth_bytes_per_s, peak_flops, overhead_s):
+    r = _ok(step_bytes, step_flops, bandwidth_bytes_per_s, peak_flops, overhead_s)
+    memory_s, compute_s = step_bytes / bandwidth_bytes_per_s, step_flops / peak_flops
+    r["bound"] = "compute" if compute_s >= memory_s else "memory"
+    return r
 '''),
         ("departure_batch", ">= en vez de >", '''
-def departure_batch(batch_sizes, measured_s, predicted_s, tolerance):
-    for b, m, p in zip(batch_sizes, measured_s, predicted_s):
-        if m >= p * (1 + tolerance):
+def departure_batch(batch_sizes, measured_s, step_costs, bandwidth_bytes_per_s, peak_flops,
+                    tolerance):
+    c = step_costs[0]
+    roof = predict_step(c["bytes"], c["flops"], bandwidth_bytes_per_s, peak_flops, 0.0)
+    overhead = max(0.0, measured_s[0] - roof["time_s"])
+    for b, m, c in zip(batch_sizes, measured_s, step_costs):
+        p = predict_step(c["bytes"], c["flops"], bandwidth_bytes_per_s, peak_flops, overhead)
+        if m >= p["time_s"] * (1 + tolerance):
+            return b
+    return None
+'''),
+        ("departure_batch", "overhead negativo si el lote 1 mide menos que su roofline", '''
+def departure_batch(batch_sizes, measured_s, step_costs, bandwidth_bytes_per_s, peak_flops,
+                    tolerance):
+    c = step_costs[0]
+    overhead = measured_s[0] - predict_step(c["bytes"], c["flops"], bandwidth_bytes_per_s,
+                                            peak_flops, 0.0)["time_s"]
+    for b, m, c in zip(batch_sizes, measured_s, step_costs):
+        p = predict_step(c["bytes"], c["flops"], bandwidth_bytes_per_s, peak_flops, overhead)
+        if m > p["time_s"] * (1 + tolerance):
             return b
     return None
 '''),
@@ -254,11 +347,21 @@ def fit_growth(n, t):
     return {"c0": c[0], "c1": c[1], "c2": c[2], "quadratic_share": c[2] * big**2 / fitted,
             "exponent": (c[1] * big + 2 * c[2] * big**2) / fitted}
 '''),
-        ("sequences_that_fit", "redondea hacia arriba", '''
-import math as _math
-def sequences_that_fit(config, gpu_memory_bytes, context_len, utilization, dtype):
-    free = gpu_memory_bytes * utilization - weight_bytes(config, dtype)
-    return max(0, _math.ceil(free / (kv_bytes_per_token(config, dtype) * context_len)))
+        ("sequences_that_fit", "secuencias sin redondear a bloques enteros", '''
+_ok = sequences_that_fit
+def sequences_that_fit(config, gpu_memory_bytes, utilization, activation_bytes, weight_dtype,
+                       kv_dtype, block_size, context_len):
+    r = _ok(config, gpu_memory_bytes, utilization, activation_bytes, weight_dtype, kv_dtype,
+            block_size, context_len)
+    r["sequences"] = r["max_tokens"] // context_len
+    return r
+'''),
+        ("sequences_that_fit", "la caché en el tipo de los pesos", '''
+_ok = sequences_that_fit
+def sequences_that_fit(config, gpu_memory_bytes, utilization, activation_bytes, weight_dtype,
+                       kv_dtype, block_size, context_len):
+    return _ok(config, gpu_memory_bytes, utilization, activation_bytes, weight_dtype,
+               weight_dtype, block_size, context_len)
 '''),
     ],
     "continuous_batching": [
@@ -285,18 +388,18 @@ def summarize(requests):
     ],
     "paged_attention": [
         ("block_pool", "free no libera", '''
-class MiPool(MiPool):
+class RefCountedBlockPool(RefCountedBlockPool):
     def free(self, blocks):
         pass
 '''),
         ("block_pool", "libera sin restar ref_cnt", '''
-class MiPool(MiPool):
+class RefCountedBlockPool(RefCountedBlockPool):
     def free(self, blocks):
         for block in blocks:
             self._free[block.block_id] = None
 '''),
         ("prefix_lookup", "cubre también el último token", '''
-def mi_prefijo(token_ids, block_size, pool):
+def cached_prefix_blocks(token_ids, block_size, pool):
     hits, parent = [], None
     for i in range(len(token_ids) // block_size):
         parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size])
@@ -309,54 +412,75 @@ def mi_prefijo(token_ids, block_size, pool):
     ],
     "scheduler": [
         ("token_split", "< en vez de <= (uno de menos)", '''
-def mi_reparto(want, budget, chunked):
+def tokens_granted(want, budget, chunked):
     if want < budget:
         return want
     return int(budget) if chunked and budget >= 1 else 0
 '''),
-        ("victim", "expulsa la última aunque haya terminado", '''
-def mi_victima(running):
-    return running[-1]
+        ("victim", "'newest' expulsa la última aunque haya terminado (solo la ve una comprobación "
+                   "oculta)", '''
+_ok = choose_victim
+def choose_victim(running, rule):
+    return running[-1] if rule == "newest" else _ok(running, rule)
 '''),
-        ("victim", "expulsa la más antigua", '''
-def mi_victima(running):
-    return next(r for r in running if not r.is_finished)
+        ("victim", "'newest' expulsa la más antigua", '''
+_ok = choose_victim
+def choose_victim(running, rule):
+    if rule == "newest":
+        return next(r for r in running if not r.is_finished)
+    return _ok(running, rule)
+'''),
+        ("victim", "cuenta los tokens totales, no los calculados", '''
+def choose_victim(running, rule):
+    live = [r for r in running if not r.is_finished]
+    if rule == "newest":
+        return live[-1]
+    pick = min if rule == "fewest_computed" else max
+    return pick(reversed(live), key=lambda r: r.num_tokens)
+'''),
+        ("victim", "un empate va a la más antigua", '''
+def choose_victim(running, rule):
+    live = [r for r in running if not r.is_finished]
+    if rule == "newest":
+        return live[-1]
+    pick = min if rule == "fewest_computed" else max
+    return pick(live, key=lambda r: r.num_computed_tokens)
 '''),
     ],
     "observability": [
         ("arrivals", "huecos fijos de 1/rate", '''
-def mis_llegadas(n, rate, seed):
+def poisson_arrival_times(n, rate, seed):
     if not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"rate {rate!r}")
     return [k / rate for k in range(n)]
 '''),
         ("arrivals", "huecos de media rate en vez de 1/rate", '''
-def mis_llegadas(n, rate, seed):
+def poisson_arrival_times(n, rate, seed):
     if not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"rate {rate!r}")
     return [0.0] + np.cumsum(np.random.default_rng(seed).exponential(rate, n - 1)).tolist()
 '''),
         ("arrivals", "ignora la semilla", '''
-def mis_llegadas(n, rate, seed):
+def poisson_arrival_times(n, rate, seed):
     if not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"rate {rate!r}")
     return [0.0] + np.cumsum(np.random.default_rng().exponential(1 / rate, n - 1)).tolist()
 '''),
         ("arrivals", "rechaza una tasa entera (solo la ve una comprobación oculta)", '''
-def mis_llegadas(n, rate, seed):
+def poisson_arrival_times(n, rate, seed):
     if not isinstance(rate, float) or not math.isfinite(rate) or rate <= 0:
         raise ValueError(f"rate {rate!r}")
     return [0.0] + np.cumsum(np.random.default_rng(seed).exponential(1 / rate, n - 1)).tolist()
 '''),
         ("percentile", "sin ordenar", '''
-def mi_percentil(values, q):
+def interpolated_percentile(values, q):
     h = (len(values) - 1) * q / 100
     lo = math.floor(h)
     hi = min(lo + 1, len(values) - 1)
     return values[lo] + (h - lo) * (values[hi] - values[lo])
 '''),
         ("percentile", "posición n·q/100 (desplazada en uno)", '''
-def mi_percentil(values, q):
+def interpolated_percentile(values, q):
     x = sorted(values)
     h = min(len(x) * q / 100, len(x) - 1)
     lo = math.floor(h)
@@ -364,7 +488,7 @@ def mi_percentil(values, q):
     return x[lo] + (h - lo) * (x[hi] - x[lo])
 '''),
         ("percentile", "q <= 1 como fracción (solo la ve una comprobación oculta)", '''
-def mi_percentil(values, q):
+def interpolated_percentile(values, q):
     if q <= 1:
         q = 100 * q
     x = sorted(values)
@@ -374,17 +498,158 @@ def mi_percentil(values, q):
     return x[lo] + (h - lo) * (x[hi] - x[lo])
 '''),
         ("bootstrap", "remuestrea sin reemplazo", '''
-def mi_bootstrap(values, q, n_boot=1000, alpha=0.05, seed=0):
+def bootstrap_interval(values, q, n_boot=1000, alpha=0.05, seed=0):
     rng = np.random.default_rng(seed)
-    stats = [mi_percentil(list(rng.permutation(values)), q) for _ in range(n_boot)]
-    return mi_percentil(stats, 100 * alpha / 2), mi_percentil(stats, 100 * (1 - alpha / 2))
+    stats = [interpolated_percentile(list(rng.permutation(values)), q) for _ in range(n_boot)]
+    pct = interpolated_percentile
+    return pct(stats, 100 * alpha / 2), pct(stats, 100 * (1 - alpha / 2))
 '''),
         ("bootstrap", "ignora la semilla", '''
-def mi_bootstrap(values, q, n_boot=1000, alpha=0.05, seed=0):
+def bootstrap_interval(values, q, n_boot=1000, alpha=0.05, seed=0):
     x = np.asarray(values, dtype=float)
     idx = np.random.default_rng().integers(0, len(x), size=(n_boot, len(x)))
-    stats = [mi_percentil(list(row), q) for row in x[idx]]
-    return mi_percentil(stats, 100 * alpha / 2), mi_percentil(stats, 100 * (1 - alpha / 2))
+    stats = [interpolated_percentile(list(row), q) for row in x[idx]]
+    pct = interpolated_percentile
+    return pct(stats, 100 * alpha / 2), pct(stats, 100 * (1 - alpha / 2))
+'''),
+    ],
+    "flash_attention": [
+        ("online_softmax_update", "olvida reescalar lo acumulado", '''
+def online_softmax_update(m, l, o, scores, v):
+    m_new = torch.maximum(m, scores.amax(dim=-1))
+    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+    p = torch.exp(scores - shift[..., None])
+    return m_new, l + p.sum(dim=-1), o + p @ v
+'''),
+        ("online_softmax_update", "no actualiza el máximo después del primer bloque", '''
+def online_softmax_update(m, l, o, scores, v):
+    m_new = torch.where(torch.isneginf(m), scores.amax(dim=-1), m)
+    shift = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+    alpha = torch.exp(m - shift)
+    p = torch.exp(scores - shift[..., None])
+    return m_new, alpha * l + p.sum(dim=-1), alpha[..., None] * o + p @ v
+'''),
+        ("online_softmax_update", "NaN en una fila sin claves visibles", '''
+def online_softmax_update(m, l, o, scores, v):
+    m_new = torch.maximum(m, scores.amax(dim=-1))
+    alpha = torch.exp(m - m_new)
+    p = torch.exp(scores - m_new[..., None])
+    return m_new, alpha * l + p.sum(dim=-1), alpha[..., None] * o + p @ v
+'''),
+        ("tiled_attention", "máscara con < : la diagonal queda fuera", '''
+_ok = tiled_attention
+def tiled_attention(q, k, v, causal=False, q_positions=None, block_q=64, block_k=64):
+    if causal:
+        S, T = k.shape[2], q.shape[2]
+        pos = torch.arange(S - T, S) if q_positions is None else torch.as_tensor(q_positions)
+        q_positions = pos - 1
+    return _ok(q, k, v, causal, q_positions, block_q, block_k)
+'''),
+        ("tiled_attention", "las consultas en las posiciones 0..T-1 aunque haya claves en caché", '''
+_ok = tiled_attention
+def tiled_attention(q, k, v, causal=False, q_positions=None, block_q=64, block_k=64):
+    if q_positions is None:
+        q_positions = torch.arange(q.shape[2])
+    return _ok(q, k, v, causal, q_positions, block_q, block_k)
+'''),
+        ("tiled_attention", "materializa la matriz de puntuaciones entera", '''
+def tiled_attention(q, k, v, causal=False, q_positions=None, block_q=64, block_k=64):
+    B, H, T, D = q.shape
+    S, group = k.shape[2], q.shape[1] // k.shape[1]
+    kk, vv = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
+    s = q.float() @ kk.transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        pos = torch.arange(S - T, S) if q_positions is None else torch.as_tensor(q_positions)
+        visible = torch.arange(S)[None, None, :] <= pos.expand(B, T)[:, :, None]
+        s = s.masked_fill(~visible[:, None], -math.inf)
+    return (torch.softmax(s, dim=-1) @ vv).to(q.dtype)
+'''),
+        ("flash_step", "no escribe la caché", '''
+_ok = flash_step
+def flash_step(q, k_new, v_new, k_cache, v_cache, positions, block_q=16, block_k=16):
+    return _ok(q, k_new, v_new, k_cache.clone(), v_cache.clone(), positions, block_q, block_k)
+'''),
+        ("flash_step", "atiende sin máscara causal", '''
+def flash_step(q, k_new, v_new, k_cache, v_cache, positions, block_q=16, block_k=16):
+    B, Hkv, T, D = k_new.shape
+    index = positions[:, None, :, None].expand(B, Hkv, T, D)
+    k_cache.scatter_(2, index, k_new)
+    v_cache.scatter_(2, index, v_new)
+    L = int(positions.max()) + 1
+    return tiled_attention(q, k_cache[:, :, :L], v_cache[:, :, :L], causal=False,
+                           block_q=block_q, block_k=block_k)
+'''),
+        ("tiled_bytes", "K y V leídos una sola vez", '''
+def tiled_bytes(n, d, block_q, block_k, elem_bytes=2, causal=False):
+    return elem_bytes * 4 * n * d
+'''),
+        ("tiled_bytes", "el triángulo exacto en vez de bloques enteros de claves", '''
+def tiled_bytes(n, d, block_q, block_k, elem_bytes=2, causal=False):
+    keys = sum(min(n, r0 + block_q) if causal else n for r0 in range(0, n, block_q))
+    return elem_bytes * (2 * n * d + 2 * keys * d)
+'''),
+    ],
+    "quantization": [
+        ("quantize_int8", "escala máx/128", '''
+def quantize_int8(w):
+    scale = w.abs().amax(dim=1) / 128
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return torch.round(w / safe[:, None]).clamp(-127, 127).to(torch.int8), scale
+'''),
+        ("quantize_int8", "trunca en vez de redondear", '''
+def quantize_int8(w):
+    scale = w.abs().amax(dim=1) / 127
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return torch.trunc(w / safe[:, None]).to(torch.int8), scale
+'''),
+        ("quantize_int8", "una escala para toda la matriz", '''
+def quantize_int8(w):
+    scale = torch.full((w.shape[0],), float(w.abs().max()) / 127, dtype=w.dtype)
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return torch.round(w / safe[:, None]).clamp(-127, 127).to(torch.int8), scale
+'''),
+        ("dequantize_int8", "escala por columna", '''
+def dequantize_int8(q, scale):
+    return q.float() * scale.float()[None, :1]
+'''),
+        ("quantize_int4", "nibbles intercambiados", '''
+_ok = quantize_int4_groups
+def quantize_int4_groups(w, group_size):
+    packed, scale = _ok(w, group_size)
+    return ((packed & 15) << 4) | (packed >> 4), scale
+'''),
+        ("quantize_int4", "escala máx/8", '''
+def quantize_int4_groups(w, group_size):
+    N, K = w.shape
+    if K % group_size:
+        raise ValueError("grupo")
+    g = w.reshape(N, K // group_size, group_size)
+    scale = g.abs().amax(dim=-1) / 8
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    u = (torch.round(g / safe[..., None]).clamp(-8, 7) + 8).reshape(N, K).to(torch.uint8)
+    return (u[:, 0::2] << 4) | u[:, 1::2], scale
+'''),
+        ("quantize_int4", "no avisa si el grupo no divide la fila", '''
+_ok = quantize_int4_groups
+def quantize_int4_groups(w, group_size):
+    N, K = w.shape
+    if K % group_size:
+        return _ok(w[:, :K - K % group_size], group_size)
+    return _ok(w, group_size)
+'''),
+        ("predict_step", "sin las escalas", '''
+def predict_step_s(config, weight_format, dtype, context_len, bandwidth_bytes_per_s, overhead_s):
+    b = dtype_bytes(dtype)
+    per = b if weight_format is None else parse_weight_format(weight_format).bits / 8
+    linear = sum(o * k * per for _, o, k in linear_shapes(config))
+    rest = (unquantized_params(config) + config.hidden_size) * b
+    kv = kv_bytes_per_token(config, dtype) * (context_len + 1)
+    return (linear + rest + kv) / bandwidth_bytes_per_s + overhead_s
+'''),
+        ("predict_step", "caché de context_len tokens", '''
+_ok = predict_step_s
+def predict_step_s(config, weight_format, dtype, context_len, bandwidth_bytes_per_s, overhead_s):
+    return _ok(config, weight_format, dtype, context_len - 1, bandwidth_bytes_per_s, overhead_s)
 '''),
     ],
 }
@@ -436,12 +701,39 @@ def test_contract_and_extension_mistakes_cost_their_own_points(kind, one_thread)
 
 def test_wrong_challenge_data_loses_the_extension_points(one_thread):
     ns = {c.name: resolve_reference(c.reference) for c in find_assessment("kv_cache").functions}
-    bits = {k: 8 * v for k, v in good_measurement("kv_cache").items()}
-    got = grade(ns | {"contract": synthetic_contract("kv_cache", bits)}, "kv_cache")
-    assert got["extension"] == 0 and got["contract"] == 1
-    m = good_measurement("roofline") | {"floor_int4_ms": 3.0}  # int4 floor equal to int8
+    with contextlib.redirect_stdout(io.StringIO()):
+        functions = grade_namespace(ns, find_assessment("kv_cache"), 0)
+    good = good_measurement("kv_cache")
+    for m in (good | {"short_kv_bytes": 8 * good["short_kv_bytes"],    # bits, not bytes
+                      "long_kv_bytes": 8 * good["long_kv_bytes"]},
+              good | {"short_kv_bytes": good["short_kv_bytes"] * 16 / 17,  # without the new token
+                      "long_kv_bytes": good["long_kv_bytes"] * 256 / 257},
+              good | {"long_prompt_len": 64},                             # not eight times longer
+              good | {"bytes_ratio": 257 / 17},                           # the cache alone
+              good | {"time_ratio": 1.2},                                 # not the medians' ratio
+              good | {"repeats": 1}):
+        got = grade(ns | {"contract": synthetic_contract("kv_cache", m)}, "kv_cache", functions)
+        assert got["extension"] == 0 and got["contract"] == 1, m
     ns = {c.name: resolve_reference(c.reference) for c in find_assessment("roofline").functions}
-    assert grade(ns | {"contract": synthetic_contract("roofline", m)}, "roofline")["extension"] == 0
+    good = good_measurement("roofline")
+    for m in (good | {"bytes_ratio": 4.0, "half_floor_ms": 10.0},  # as if the KV cache were 8 bits
+              good | {"time_ratio": 1.4},          # not the ratio of the two medians
+              good | {"time_ratio_low": 1.3},      # an interval that misses its own ratio
+              good | {"repeats": 1},               # one round cannot tell a difference from noise
+              good | {"half_step_ms": 10.0, "time_ratio": 6.0}):  # a step well below its floor
+        got = grade(ns | {"contract": synthetic_contract("roofline", m)}, "roofline")
+        assert got["extension"] == 0 and got["contract"] == 1, m
+    good = good_measurement("continuous_batching")
+    ns = {c.name: resolve_reference(c.reference)
+          for c in find_assessment("continuous_batching").functions}
+    with contextlib.redirect_stdout(io.StringIO()):
+        functions = grade_namespace(ns, find_assessment("continuous_batching"), 0)
+    for m in (good | {"gain_width_32": 3.1},                        # a typed gain, not simulated
+              good | {"hb_width_8": 8.0},                           # B, not H_B
+              good | {"cap": 32}):                                  # the lowest cap
+        got = grade(ns | {"contract": synthetic_contract("continuous_batching", m)},
+                    "continuous_batching", functions)
+        assert got["extension"] == 0 and got["contract"] == 1, m
     good = good_measurement("observability")
     ns = {c.name: resolve_reference(c.reference)
           for c in find_assessment("observability").functions}
@@ -457,6 +749,40 @@ def test_wrong_challenge_data_loses_the_extension_points(one_thread):
         got = grade(ns | {"contract": synthetic_contract("observability", m)}, "observability",
                     functions)
         assert got["extension"] == 0 and got["contract"] == 1, what
+
+
+def test_wrong_quantization_choices_lose_the_extension_points(one_thread):
+    a = find_assessment("quantization")
+    ns = {c.name: resolve_reference(c.reference) for c in a.functions}
+    with contextlib.redirect_stdout(io.StringIO()):
+        functions = grade_namespace(ns, a, 0)
+    good = quantization_measurement()
+    table = good["table"]
+    wrong = {
+        "elige por el valor central (int4-g64 sube un 1,9 %)": quantization_measurement(
+            table=table | {"int4-g64": table["int4-g64"] | {"perplexity": 530.0}},
+            chosen_format="int4-g64"),
+        "otra tolerancia": quantization_measurement(tolerance_pct=1.0),
+        "bytes por peso sin las escalas": quantization_measurement(
+            table=table | {"int4-g64": table["int4-g64"] | {"bytes_per_weight": 0.5}}),
+        "falta un formato del laboratorio": quantization_measurement(
+            table={k: v for k, v in table.items() if k != "int4-g32"}),
+        "el aumento en tanto por uno": quantization_measurement(
+            chosen_increase_pct=524.0 / 520.0 - 1),
+        "cuenta fp32 entre los comparados": quantization_measurement(formats_compared=7),
+    }
+    for what, m in wrong.items():
+        got = grade(ns | {"contract": synthetic_contract("quantization", m)}, "quantization",
+                    functions)
+        assert got["extension"] == 0 and got["contract"] == 1, what
+    # A contract that carries the run's quality table: the perplexities must be the run's.
+    contract = synthetic_contract("quantization", good)
+    rows = [{"label": k, "perplexity": v["perplexity"],
+             "increase_interval": [0.0, v["increase_high_pct"] / 100]} for k, v in table.items()]
+    contract["results"] = {"quality": {"formats": rows}}
+    assert grade(ns | {"contract": contract}, "quantization", functions)["extension"] == 2
+    rows[1] = rows[1] | {"perplexity": 519.0}
+    assert grade(ns | {"contract": contract}, "quantization", functions)["extension"] == 0
 
 
 # --- end to end: real notebooks, real kernels, real limits -----------------------------------------

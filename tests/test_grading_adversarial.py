@@ -338,8 +338,9 @@ def test_a_class_exercise_may_subclass_the_library_but_must_write_its_methods():
 
     def cls(body):
         ns = {"__name__": "entrega", "BlockPool": BlockPool}
-        exec(compile(f"class MiPool(BlockPool):\n{body}", "<celda 1>", "exec"), ns)  # noqa: S102
-        return ns["MiPool"]
+        name = crit.name  # the notebook's class name, RefCountedBlockPool
+        exec(compile(f"class {name}(BlockPool):\n{body}", "<celda 1>", "exec"), ns)  # noqa: S102
+        return ns[name]
 
     mine = cls("    def allocate(self, n):\n        return None\n"
                "    def free(self, blocks):\n        pass\n")
@@ -458,7 +459,8 @@ def test_a_shard_grades_only_its_students(tmp_path):
 # --- every lab's solution, rebuilt from its notebook, passes in the checker -----------------------
 
 @pytest.mark.parametrize("kind", ["roofline", "kv_cache", "continuous_batching",
-                                  "paged_attention", "scheduler", "observability"])
+                                  "paged_attention", "scheduler", "observability",
+                                  "quantization"])
 def test_each_lab_solution_rebuilt_in_the_checker_gets_every_function_point(kind, tmp_path):
     """The screen accepts the solutions' exercise cells, the lab's setup imports are enough to
     rebuild them, no delegation is seen and the integrity check finds nothing (~5 s a lab)."""

@@ -5,6 +5,7 @@ mistakes)."""
 from __future__ import annotations
 
 import math
+import re
 
 import matplotlib
 import numpy as np
@@ -317,7 +318,7 @@ def test_percentile_off_by_one_rank_is_named():
         h = min(len(x) * q / 100, len(x) - 1)
         lo = math.floor(h)
         return x[lo] + (h - lo) * (x[min(lo + 1, len(x) - 1)] - x[lo])
-    fails(checks.check_percentile, off_by_one, "devolvió 2.5", "h = (n − 1)·q/100, no n·q/100")
+    fails(checks.check_percentile, off_by_one, "devolvió 2,5", "h = (n − 1)·q/100, no n·q/100")
 
 
 def test_percentile_nearest_rank_and_in_place_sort_are_named():
@@ -393,7 +394,7 @@ def test_arrivals_shape_and_bad_rates_are_named():
     def gaps(n, rate, seed):
         _valid(rate)
         return [0.0] + np.random.default_rng(seed).exponential(1 / rate, n - 1).tolist()
-    fails(checks.check_arrivals, gaps, "no crecen", "np.cumsum")
+    fails(checks.check_arrivals, gaps, "no crecen: [0; 0,", "el anterior más su hueco")
 
     def first_not_zero(n, rate, seed):
         _valid(rate)
@@ -402,10 +403,34 @@ def test_arrivals_shape_and_bad_rates_are_named():
 
     def no_validation(n, rate, seed):
         return [0.0] + np.cumsum(np.random.default_rng(seed).exponential(1 / rate, n - 1)).tolist()
-    fails(checks.check_arrivals, no_validation, "rate = 0.0", "ZeroDivisionError", "ValueError")
+    fails(checks.check_arrivals, no_validation, "(rate = 0)", "ZeroDivisionError", "ValueError")
 
     def accepts_negative(n, rate, seed):
         if rate == 0:
             raise ValueError("cero")
         return [0.0] + np.cumsum(np.random.default_rng(seed).exponential(abs(1 / rate), n - 1)).tolist()
-    fails(checks.check_arrivals, accepts_negative, "rate = -2.0", "sin lanzar ValueError")
+    fails(checks.check_arrivals, accepts_negative, "(rate = −2)", "sin lanzar ValueError")
+
+
+def test_check_messages_write_numbers_with_a_decimal_comma():
+    """Expected and obtained values, labels and intervals: Spanish numbers, intervals as [a; b]."""
+    def off_by_one(values, q):
+        x = sorted(values)
+        h = min(len(x) * q / 100, len(x) - 1)
+        lo = math.floor(h)
+        return x[lo] + (h - lo) * (x[min(lo + 1, len(x) - 1)] - x[lo])
+
+    def whole_alpha(values, q, n_boot=1000, alpha=0.05, seed=0):
+        x = np.asarray(values)
+        idx = np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))
+        return tuple(np.quantile(np.percentile(x[idx], q, axis=1), [alpha, 1 - alpha]))
+
+    def first_not_zero(n, rate, seed):
+        _valid(rate)
+        return np.cumsum(np.random.default_rng(seed).exponential(1 / rate, n)).tolist()
+
+    messages = [fails(checks.check_percentile, off_by_one).message,
+                fails(checks.check_bootstrap, whole_alpha, "se esperaba el intervalo [0,").message,
+                fails(checks.check_arrivals, first_not_zero, "la primera llegada es 0,").message]
+    for message in messages:
+        assert not re.search(r"\d\.\d", message), message

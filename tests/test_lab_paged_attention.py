@@ -4,10 +4,13 @@ that take the branch their numbers support."""
 import pytest
 
 from ai_evolution import claims
+from ai_evolution.checks import paged_attention as checks
+from ai_evolution.engine import BlockPool, find_cached_prefix, hash_block
 from ai_evolution.labs import LabParamError, assemble_contract, run_lab, without_volatile
 from ai_evolution.labs.paged_attention import (block_size_sweep, datacenter_comparison,
                                                prefix_sentence, report, same_tokens_sentence,
                                                verdicts)
+from checkutil import fails
 
 FAST = dict(num_requests=10, prompt_len=16, mean_output=16, max_model_len=128, kv_rows=2,
             paged_max_num_seqs=8, block_size=8, block_sizes=[1, 8, 64], system_len=32, user_len=4,
@@ -199,3 +202,58 @@ def test_count_sentences_read_right_for_any_value():
     assert "no calcula menos tokens" in none and "% menos" not in none
     assert "exactamente los mismos" in same_tokens_sentence(True)
     assert "NO generan" in same_tokens_sentence(False)
+
+
+# --- the exercises' checks: each plausible mistake is named with its own hint --------------------
+class FreeWithoutCount(BlockPool):
+    def free(self, blocks):
+        for block in blocks:
+            self._free[block.block_id] = None
+
+
+class ReuseKeepsPrefix(BlockPool):
+    def allocate(self, n):
+        if n > len(self._free):
+            return None
+        out = [self.blocks[self._free.popitem(last=False)[0]] for _ in range(n)]
+        for block in out:
+            block.ref_cnt = 1
+        return out
+
+
+class FreesInReverse(BlockPool):
+    def free(self, blocks):
+        super().free(list(reversed(blocks)))
+
+
+class AllocatesWhatIsLeft(BlockPool):
+    def allocate(self, n):
+        return super().allocate(min(n, len(self._free))) if self._free else None
+
+
+@pytest.mark.parametrize("cls,match", [
+    (FreeWithoutCount, ["= free", "quita un solo dueño"]),
+    (ReuseKeepsPrefix, ["= allocate", "pierde el prefijo que guardaba"]),
+    (FreesInReverse, ["= free", "en el orden en que free los recibe"]),
+    (AllocatesWhatIsLeft, ["allocate debía devolver None y devolvió los bloques", "no asigna ninguno"]),
+])
+def test_each_pool_mistake_is_named_with_its_own_hint(cls, match):
+    fails(checks.check_block_pool, cls, *match)
+    assert checks.check_block_pool(BlockPool, seed=3, raise_on_fail=False).passed
+
+
+def test_prefix_mistakes_are_named_without_code():
+    def whole_prompt(token_ids, block_size, pool):
+        return find_cached_prefix(list(token_ids) + [0], block_size, pool)
+
+    def unchained(token_ids, block_size, pool):
+        hits = []
+        for i in range((len(token_ids) - 1) // block_size):
+            block = pool.lookup(hash_block(None, token_ids[i * block_size:(i + 1) * block_size]))
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+    fails(checks.check_prefix_lookup, whole_prompt, "el último token del prompt nunca sale de la caché")
+    result = fails(checks.check_prefix_lookup, unchained, "encadena el del bloque anterior")
+    assert "parent =" not in result.message and "hash_block(" not in result.message

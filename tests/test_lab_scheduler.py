@@ -4,9 +4,13 @@ take the branch their numbers support."""
 import pytest
 
 from ai_evolution import claims
+from ai_evolution.checks import scheduler as checks
+from ai_evolution.engine import newest_unfinished, tokens_for
+from ai_evolution.grading import find_assessment
 from ai_evolution.labs import LabParamError, assemble_contract, run_lab, without_volatile
 from ai_evolution.labs.scheduler import (preemption_sentence, report, same_tokens_sentence,
                                          sim_sentence, verdicts)
+from checkutil import fails
 
 FAST = dict(max_model_len=256, decoders=3, decoder_prompt=2, decode_tokens=40, long_prompt=96, warmup_steps=2,
             budgets=[8, 128], dc_decoders=8, dc_long_prompt=1024, dc_budgets=[128, 1040],
@@ -186,3 +190,82 @@ def test_report_assembles_into_a_valid_contract_whose_claims_recheck():
     assert claims.recheck_contract(contract) == []
     assert len(claims.claims_of(contract)) == 4
     assert "la mediana de 3 repeticiones" in " ".join(contract["limitations"])
+
+
+# --- the exercises' checks: the victim rules and what each costs ---------------------------------
+def oldest_for_newest(running, rule):
+    if rule == "newest":
+        return next(r for r in running if not r.is_finished)
+    return checks.reference_victim(running, rule)
+
+
+def total_tokens(running, rule):
+    live = [r for r in running if not r.is_finished]
+    if rule == "newest":
+        return live[-1]
+    pick = min if rule == "fewest_computed" else max
+    return pick(reversed(live), key=lambda r: r.num_tokens)
+
+
+def ties_to_oldest(running, rule):
+    live = [r for r in running if not r.is_finished]
+    if rule == "newest":
+        return live[-1]
+    pick = min if rule == "fewest_computed" else max
+    return pick(live, key=lambda r: r.num_computed_tokens)
+
+
+def swapped(running, rule):
+    other = {"fewest_computed": "most_computed", "most_computed": "fewest_computed"}
+    return checks.reference_victim(running, other.get(rule, rule))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7919])
+def test_victim_check_accepts_the_reference_for_every_rule(seed):
+    assert checks.check_victim(checks.reference_victim, seed=seed, raise_on_fail=False).passed
+    assert checks.reference_victim.__doc__ and set(checks.VICTIM_RULES) == {
+        "newest", "fewest_computed", "most_computed"}
+
+
+def test_newest_rule_is_the_engines_default():
+    batch = checks._batch([(False, 3, 12), (False, 9, 12), (True, 1, 12)])
+    assert checks.reference_victim(batch, "newest") is newest_unfinished(batch) is batch[1]
+    assert checks.reference_victim(batch, "fewest_computed") is batch[0]
+    assert checks.reference_victim(batch, "most_computed") is batch[1]
+    with pytest.raises(ValueError, match="desconocida"):
+        checks.reference_victim(batch, "oldest")
+
+
+@pytest.mark.parametrize("fn,rule,hint", [
+    (oldest_for_newest, "'newest'", "la admitida más tarde de las que no han terminado"),
+    (total_tokens, "'fewest_computed'", "no los tokens totales"),
+    (ties_to_oldest, "'fewest_computed'", "en un empate de tokens calculados"),
+    (swapped, "'fewest_computed'", "la que menos tokens calculados tiene, no la que más"),
+])
+def test_each_victim_mistake_is_named_with_its_rule_and_its_own_hint(fn, rule, hint):
+    result = fails(checks.check_victim, fn, f"con la regla {rule}", "la referencia ejecuta", hint)
+    assert result.message.index("Pista:") < result.message.index(hint)
+
+
+def test_rule_comparison_counts_what_each_rule_costs():
+    rows = checks.compare_victim_rules(checks.reference_victim, seed=0)
+    assert [r["rule"] for r in rows] == list(checks.VICTIM_RULES)
+    by = {r["rule"]: r for r in rows}
+    assert by["newest"]["out_of_order"] == 0  # first come, first served: never out of order
+    assert all(r["preemptions"] > 0 and r["recomputed_tokens"] > 0 for r in rows)
+    assert all(1 <= r["max_preemptions"] <= r["preemptions"] for r in rows)
+    assert by["fewest_computed"]["out_of_order"] > 0 and by["most_computed"]["out_of_order"] > 0
+    # deterministic, and measured with the function it is given: one rule for all gives one row
+    assert checks.compare_victim_rules(checks.reference_victim, seed=0) == rows
+    same = checks.compare_victim_rules(lambda running, rule: newest_unfinished(running), seed=0)
+    assert all({k: v for k, v in r.items() if k != "rule"} ==
+               {k: v for k, v in by["newest"].items() if k != "rule"} for r in same)
+
+
+def test_hidden_split_edges_name_the_case_in_spanish_numbers():
+    edges = find_assessment("scheduler").hidden_module._split_edges
+    assert edges(tokens_for).passed
+    floor_chunk = edges(lambda want, budget, chunked: round(budget) if want > budget and chunked
+                        else tokens_for(want, budget, chunked))
+    assert not floor_chunk.passed and "budget = 0,99" in floor_chunk.message
+    assert "no hay trozo" in floor_chunk.message

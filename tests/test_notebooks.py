@@ -6,9 +6,11 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import jupytext
@@ -217,3 +219,113 @@ def test_checked_output_comparison_finds_a_changed_output_or_a_missing_cell():
         assert_checked_outputs_agree(nb("1,5\n"), nb("1,5\n", tagged=False))
     with pytest.raises(AssertionError, match="no cell is tagged"):
         assert_checked_outputs_agree(nb("1,5\n", tagged=False), nb("1,5\n"))
+
+
+# --- hints: what to compute and why, never the solution's code -----------------------------------
+
+_STUB = re.compile(r'raise NotImplementedError\("((?:[^"\\]|\\.)*)"\)')
+_CODE_LIKE = [(re.compile(r"\bself\."), "`self.`"),
+              (re.compile(r"\[[^\]\s]*:[^\]]*\]"), "una rebanada `[…:…]`"),
+              (re.compile(r"\s=\s"), "una asignación ` = `"),
+              (re.compile(r"==|!=|<=|>=|//|\*\*|\+="), "un operador de Python")]
+_TRIVIAL = {"else:", "try:", "returnNone", "continue", "break", "pass", "returnTrue",
+            "returnFalse"}
+
+
+def _solution_regions(solution: Path) -> list[list[str]]:
+    """The code lines between the solution markers of every code cell, in notebook order."""
+    regions = []
+    for cell in jupytext.read(solution).cells:
+        if cell.cell_type != "code":
+            continue
+        inside = None
+        for line in cell.source.split("\n"):
+            if line.strip() == make_student.BEGIN:
+                inside = []
+            elif line.strip() == make_student.END:
+                regions.append(inside)
+                inside = None
+            elif inside is not None:
+                inside.append(line)
+    return regions
+
+
+def _student_hints(solution: Path) -> list[str]:
+    nb = nbformat.read(make_student.student_path(solution), as_version=4)
+    return [m.group(1).replace('\\"', '"') for c in nb.cells if c.cell_type == "code"
+            for m in _STUB.finditer(c.source)]
+
+
+def _code_names(lines: list[str]) -> tuple[set[str], set[str]]:
+    """Names the solution calls (``max``, ``np.percentile``) and dotted names it reads
+    (``r.is_finished``, ``config.num_kv_heads``)."""
+    source = textwrap.dedent("\n".join(ln for ln in lines if not ln.strip().startswith("#")))
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # a fragment that only parses in its cell: fall back to a regex
+        return set(re.findall(r"([A-Za-z_][\w.]*)\(", source)), \
+            set(re.findall(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+", source))
+
+    def dotted(node) -> str | None:
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Name):
+            return ".".join([node.id, *reversed(parts)])
+        return None
+
+    calls = {d for n in ast.walk(tree) if isinstance(n, ast.Call) if (d := dotted(n.func))}
+    attrs = {d for n in ast.walk(tree) if isinstance(n, ast.Attribute) if (d := dotted(n))}
+    return calls, attrs
+
+
+def hint_problems(hint: str, region: list[str], all_code: set[str]) -> list[str]:
+    """Why a student hint hands over code: a solution line, a call of a name the solution
+    calls, a dotted name it reads, or code-like syntax; and a hint that starts in lowercase."""
+    problems = []
+    text = hint.removeprefix("Ejercicio sin resolver.").strip()
+    if text[:1] and not text[:1].isupper():
+        problems.append(f"empieza en minúscula: {text[:40]!r}")
+    squashed = re.sub(r"\s+", "", text)
+    for line in sorted(all_code):
+        if line in squashed:
+            problems.append(f"contiene la línea de la solución {line!r}")
+    calls, attrs = _code_names(region)
+    for name in sorted(calls):
+        if re.search(rf"(?<![\w.]){re.escape(name)}\(", text):
+            problems.append(f"llama a {name}(…)")
+    for name in sorted(a for a in attrs if a not in calls):
+        if re.search(rf"(?<![\w.]){re.escape(name)}\b", text):
+            problems.append(f"nombra el atributo {name}")
+    for pattern, what in _CODE_LIKE:
+        if pattern.search(text):
+            problems.append(f"tiene {what}: {pattern.search(text).group(0)!r}")
+    return problems
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=IDS)
+def test_student_hints_say_what_to_compute_not_the_solution_code(solution):
+    regions, hints = _solution_regions(solution), _student_hints(solution)
+    assert len(regions) == len(hints) > 0, (len(regions), len(hints))
+    all_code = {squashed for region in regions for line in region
+                if not line.strip().startswith("#")
+                and len(squashed := re.sub(r"\s+", "", line)) >= 12 and squashed not in _TRIVIAL}
+    found = {i + 1: p for i, (hint, region) in enumerate(zip(hints, regions))
+             if (p := hint_problems(hint, region, all_code))}
+    assert not found, f"{solution.parent.name}: pistas con código (ejercicio: problemas): {found}"
+
+
+def test_hint_scan_flags_code_and_accepts_words():
+    region = ["    retire = [r for r in running if r.is_finished]",
+              "    return BatchPlan(retire=retire, admit=list(waiting[:free]))"]
+    code = {re.sub(r"\s+", "", ln) for ln in region}
+    assert hint_problems("Ejercicio sin resolver. Libere la fila de cada petición que terminó "
+                         "y llene las libres con las primeras de la cola.", region, code) == []
+    for bad in ("Ejercicio sin resolver. Retire las de running con r.is_finished.",
+                "Ejercicio sin resolver. Admita waiting[:libres].",
+                "Ejercicio sin resolver. Use BatchPlan(retire, admit).",
+                "Ejercicio sin resolver. retire las terminadas.",
+                "Ejercicio sin resolver. Haga retire = [r for r in running if r.is_finished]",
+                "Ejercicio sin resolver. Saque con self._free.popitem(last=False)."):
+        assert hint_problems(bad, region, code), bad

@@ -19,3 +19,20 @@ def test_step_times_and_kv_figures_have_titles():
     assert all(ax.get_title() for ax in fig.axes)
     fig = kv_bytes_figure({"a": 1024.0, "b": 2048.0}, 4096, "bf16")
     assert "GB" in fig.axes[0].get_xlabel()
+
+
+def test_request_lifecycle_shows_every_state_and_preemption_back_to_the_queue():
+    from ai_evolution.plots import LIFECYCLE_STATES, request_lifecycle_figure
+
+    fig = request_lifecycle_figure()
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    for state in ("llegada", "cola", "prefill", "decodificación", "terminada"):
+        assert state in texts
+    assert "expulsión" in texts and "TTFT" in texts
+    xs = [x for _, x, _ in LIFECYCLE_STATES]
+    assert xs == sorted(xs)  # left to right, in the order a request lives them
+    # two preemption arrows (from prefill and from decode) point back at the queue box
+    red = [a for a in fig.axes[0].texts if getattr(a, "arrow_patch", None) is not None
+           and a.arrow_patch.get_edgecolor()[:3] == matplotlib.colors.to_rgb("tab:red")]
+    assert sorted(a.xyann[0] for a in red) == xs[2:4]
+    assert all(abs(a.xy[0] - xs[1]) < 1 for a in red)

@@ -1,7 +1,12 @@
-"""Self-checks of the continuous-batching lab (chapter 3)."""
+"""Self-checks of the continuous-batching lab (chapter 3).
+
+Failure messages carry the second tier of each exercise's hint ("Pista: ..."): which quantity is
+off and why, in words, never the code line (the first tier is the notebook's NotImplementedError).
+Numbers are written with a decimal comma (``ai_evolution.fmt``)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -9,6 +14,7 @@ import numpy as np
 
 from ..engine import LLMEngine, ModelRunner, PolicyError, Request, Scheduler, continuous_batching
 from ..engine.request import SamplingParams
+from ..fmt import es_sig, es_value
 from ..loadgen import fixed_prompt_workload
 from ..metrics import summarize
 from ..sim import SimExecutor
@@ -39,7 +45,7 @@ def _schedule(policy, width: int, prompts: list[int], outputs: list[int], arriva
 
 
 def _case_label(width, prompts, outputs, arrivals) -> str:
-    when = "todas en t = 0" if not any(arrivals) else "llegadas escalonadas"
+    when = "todas en el instante 0" if not any(arrivals) else "llegadas escalonadas"
     return (f"max_num_seqs={width}, {len(prompts)} peticiones con max_tokens={outputs}, {when}")
 
 
@@ -83,13 +89,14 @@ def _step_diff(step: int, expected, got) -> str:
 def _policy_hint(expected, got) -> str:
     (ea, er, _), (ga, gr, _) = expected, got
     if set(er) - set(gr):
-        return "retire en cada paso todas las peticiones con is_finished, no solo al vaciarse el lote."
+        return ("Su política deja en el lote peticiones que ya terminaron: retírelas en cada "
+                "paso, no solo cuando termina el lote entero.")
     if len(ga) < len(ea):
-        return ("admita tantas peticiones de la cola como filas queden libres: max_num_seqs menos "
-                "las que siguen en el lote tras retirar las terminadas.")
+        return ("Admite menos peticiones de las que caben: cada fila que queda libre tras retirar "
+                "las terminadas puede recibir una petición de la cola en ese mismo paso.")
     if len(ga) > len(ea):
-        return "no admita más peticiones que filas libres."
-    return "admita en orden de llegada: las primeras de waiting."
+        return "Admite más peticiones que filas libres: el lote no puede pasar de max_num_seqs."
+    return "Admita en orden de llegada: las primeras de la cola, no otras."
 
 
 def _same_tokens(fn, model, seed: int) -> str | None:
@@ -153,18 +160,65 @@ def check_summarize(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> 
             g, e = got[key], expected[key]
             if not isinstance(g, (int, float, np.number)) or isinstance(g, bool) or \
                     not math.isclose(float(g), e, rel_tol=1e-9):
-                return finish(failed(name, i, label, f"{key}: se esperaba {e:.6g} y su función "
-                                     f"devolvió {g!r}.", _metric_hint(key)), raise_on_fail)
+                return finish(failed(name, i, label, f"{key}: se esperaba {es_sig(e)} y su "
+                                     f"función devolvió {es_value(g)}.",
+                                     _metric_hint(key, g, reqs)), raise_on_fail)
     return finish(passed(name, len(cases)), raise_on_fail)
 
 
-def _metric_hint(key: str) -> str:
-    return {
-        "throughput_tok_s": "tokens generados por todas las peticiones divididos entre el tiempo "
-                            "desde la primera llegada hasta el último final.",
-        "ttft_p50_s": "TTFT = first_token_time − arrival_time de cada petición; la mediana es "
-                      "np.percentile(..., 50).",
-        "e2e_p50_s": "latencia de extremo a extremo = finish_time − arrival_time.",
-        "e2e_p99_s": "use np.percentile(latencias, 99), que interpola entre los dos valores más "
-                     "cercanos; no tome el máximo.",
-    }[key]
+def _metric_hint(key: str, got, reqs: list[Request]) -> str:
+    """The second tier of the hint: which quantity is off and, when it is recognisable, why."""
+    g = float(got) if isinstance(got, (int, float, np.number)) else None
+    tokens = sum(len(r.output_token_ids) for r in reqs)
+    ttft = [r.first_token_time - r.arrival_time for r in reqs]
+    e2e = [r.finish_time - r.arrival_time for r in reqs]
+    if key == "throughput_tok_s":
+        if g is not None and math.isclose(g, tokens / max(r.finish_time for r in reqs),
+                                          rel_tol=1e-9):
+            return ("Su duración empieza en el instante 0; se cuenta desde la primera llegada, "
+                    "que no tiene por qué ser 0.")
+        if g is not None and math.isclose(g, tokens / sum(e2e), rel_tol=1e-9):
+            return ("Sumó las latencias de todas las peticiones; la duración es una sola, de la "
+                    "primera llegada al último final, porque las peticiones se sirven a la vez.")
+        return ("Tokens generados por todas las peticiones entre la duración del servicio, de la "
+                "primera llegada al último final.")
+    values = ttft if key.startswith("ttft") else e2e
+    q = 50 if key.endswith("p50_s") else 99
+    if g is not None and q == 99 and math.isclose(g, max(values), rel_tol=1e-9):
+        return ("Tomó el máximo: el percentil 99 interpola entre los dos valores ordenados más "
+                "cercanos a esa posición, y con pocas peticiones no es el máximo.")
+    if g is not None and math.isclose(g, float(np.mean(values)), rel_tol=1e-9):
+        return "Calculó la media; se pide un percentil (el 50 es la mediana)."
+    if key.startswith("ttft"):
+        return "El TTFT de cada petición va de su llegada a su primer token."
+    return ("La latencia de extremo a extremo de cada petición va de su llegada a su final; "
+            "resúmala con el percentil pedido, interpolado.")
+
+
+# --- the challenge -------------------------------------------------------------------------------
+
+CHALLENGE_WIDTHS = (8, 32, 128)
+
+
+@functools.lru_cache(maxsize=8)
+def simulated_gains(dc_device: str, dc_model: str, dc_requests: int, dc_prompt_len: int,
+                    dc_mean_output: float, cap: int, max_cap: int, seed: int) -> dict[int, float]:
+    """The challenge's gains (continuous / static tokens per second) per width, simulated with
+    the library's policies and metrics in the datacenter study of section 6: the same GPU,
+    model, workload and seed. Cached: a grader checks many submissions in one process."""
+    from ..hardware import get_device_spec
+    from ..labs.continuous_batching import simulate, workload
+    from ..model import get_preset
+    from ..sim import RooflineCostModel
+
+    gpu, big = get_device_spec(dc_device), get_preset(dc_model)
+    dtype = "bf16" if "bf16" in gpu.peak_flops else "fp16"
+    cost = RooflineCostModel.from_device_spec(gpu, dtype)
+    items = workload(dc_requests, dc_prompt_len, dc_mean_output, cap, big.vocab_size, seed)
+    gains = {}
+    for b in CHALLENGE_WIDTHS:
+        tput = {p: summarize(simulate(big, cost, items, p, b, dc_prompt_len + max_cap,
+                                      dtype)[0])["throughput_tok_s"]
+                for p in ("static", "continuous")}
+        gains[b] = tput["continuous"] / tput["static"]
+    return gains

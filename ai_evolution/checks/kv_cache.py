@@ -1,4 +1,8 @@
-"""Self-checks of the KV-cache lab (chapter 2)."""
+"""Self-checks of the KV-cache lab (chapter 2).
+
+Failure messages carry the second tier of each exercise's hint ("Pista: ..."): which quantity is
+off and why, in words, never the code line (the first tier is the notebook's NotImplementedError).
+Numbers are written with a decimal comma (``ai_evolution.fmt``)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..model import ModelConfig, get_preset, kv_bytes_per_token, memory_budget
+from ..fmt import es, es_sig, es_value
+from ..model import ModelConfig, get_preset, kv_bytes_per_token, weight_bytes
 from . import CheckResult, call_student, check_student_extension, failed, finish, passed  # noqa: F401
 
 DTYPES = ("fp32", "fp16", "bf16", "int8")
@@ -52,11 +57,12 @@ def check_kv_bytes_per_token(fn: Callable[[ModelConfig, str], float], seed: int 
         if crash:
             return finish(failed(name, i, label, crash), raise_on_fail)
         if not isinstance(got, (int, float, np.number)) or isinstance(got, bool):
-            return finish(failed(name, i, label, f"devolvió {got!r} ({type(got).__name__}); "
-                                 "se espera un número de bytes."), raise_on_fail)
+            return finish(failed(name, i, label, f"devolvió {es_value(got)} "
+                                 f"({type(got).__name__}); se espera un número de bytes."),
+                          raise_on_fail)
         if not math.isclose(float(got), expected, rel_tol=1e-9):
-            return finish(failed(name, i, label, f"se esperaban {expected:.0f} bytes y su "
-                                 f"función devolvió {float(got):.0f}.",
+            return finish(failed(name, i, label, f"se esperaban {es(expected, 0)} bytes y su "
+                                 f"función devolvió {es_sig(float(got), 9)}.",
                                  _kv_hint(config, float(got), expected)), raise_on_fail)
     return finish(passed(name, len(cases)), raise_on_fail)
 
@@ -64,15 +70,19 @@ def check_kv_bytes_per_token(fn: Callable[[ModelConfig, str], float], seed: int 
 def _kv_hint(config: ModelConfig, got: float, expected: float) -> str:
     ratio = got / expected if expected else float("nan")
     if math.isclose(ratio, 0.5):
-        return "la caché guarda dos tensores por token y capa: K y V."
+        return ("Sus bytes son la mitad de los esperados: la caché guarda dos tensores por token "
+                "y capa, las claves y los valores (K y V).")
+    if math.isclose(ratio, 2):
+        return "Sus bytes son el doble de los esperados: ¿contó K y V dos veces?"
     if config.q_per_kv > 1 and math.isclose(ratio, config.q_per_kv):
-        return ("con atención de consultas agrupadas (GQA) la caché guarda solo las cabezas KV "
+        return ("Con atención de consultas agrupadas (GQA) la caché guarda solo las cabezas KV "
                 "(num_kv_heads), no las de consulta.")
     if math.isclose(ratio, 8):
-        return "el resultado parece estar en bits; se piden bytes."
+        return "Sus bytes son 8 veces los esperados: el resultado parece estar en bits."
     if math.isclose(ratio, 1 / config.num_layers):
-        return "cada capa tiene su propia caché: multiplique por num_layers."
-    return "revise cada factor: 2 (K y V) × capas × cabezas KV × head_dim × bytes por elemento."
+        return "Cada capa tiene su propia caché: cuente todas las capas."
+    return ("Revise cada factor: ¿cuenta K y V, todas las capas, solo las cabezas KV, head_dim "
+            "elementos por cabeza y los bytes de cada elemento en ese dtype?")
 
 
 # --- (b) the attention step with a cache -------------------------------------------------------
@@ -119,15 +129,16 @@ def check_cached_attention(fn: Callable, seed: int = 0, model=None, prompts=None
             return finish(failed(
                 name, i, label, f"la caché quedó mal escrita: la fila {b}, cabeza KV {hk}, "
                 f"posición {pos} no contiene lo esperado.",
-                "escriba k_new y v_new en k_cache y v_cache en las posiciones dadas "
-                "(una por token nuevo), sin tocar el resto."), raise_on_fail)
+                "Escriba las claves y los valores nuevos en la caché, cada uno en la posición "
+                "de su token, sin tocar el resto."), raise_on_fail)
         err = (got - expected).abs().max().item()
         if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
             return finish(failed(
                 name, i, label, f"la salida difiere de la referencia (diferencia máxima "
-                f"{err:.3g}).", "cada consulta en la posición p atiende a las claves 0..p de "
-                "su propia fila; escale por 1/sqrt(head_dim) y reparta cada cabeza KV entre "
-                "num_heads/num_kv_heads cabezas de consulta."), raise_on_fail)
+                f"{es_sig(err, 3)}).", "Cada consulta atiende a las claves de su propia fila "
+                "hasta su posición, incluida, y a ninguna posterior; las puntuaciones se escalan "
+                "por la inversa de la raíz de head_dim, y cada cabeza KV sirve a un grupo de "
+                "cabezas de consulta consecutivas."), raise_on_fail)
     # Inside the real model: identical greedy tokens.
     if model is None:
         from ..model.checkpoint import load_pretrained
@@ -158,17 +169,17 @@ def check_cached_attention(fn: Callable, seed: int = 0, model=None, prompts=None
 
 FIT_KEYS = ("c0", "c1", "c2", "quadratic_share", "exponent")
 
-NEGATIVE_HINT = ("un coeficiente negativo no tiene sentido físico: un tiempo no baja al añadir "
+NEGATIVE_HINT = ("Un coeficiente negativo no tiene sentido físico: un tiempo no baja al añadir "
                  "tokens. Si el ajuste libre da alguno, quite ese término y ajuste de nuevo los "
                  "demás; entre todos los ajustes sin coeficientes negativos, quédese con el de "
                  "menor error cuadrático.")
-BEST_FIT_HINT = ("el ajuste pedido es el de menor error cuadrático entre los que no tienen "
+BEST_FIT_HINT = ("El ajuste pedido es el de menor error cuadrático entre los que no tienen "
                  "coeficientes negativos: compare el error de todos los ajustes posibles sin "
                  "coeficientes negativos (con los tres términos, con dos, con uno), no se quede "
                  "con el primero que lo cumpla.")
 SHARE_HINT = ("quadratic_share es la fracción del tiempo ajustado que aporta el término en n², "
-              "leída en el n más grande (max(n), que no tiene por qué ser el último).")
-EXPONENT_HINT = ("exponent es la pendiente del tiempo ajustado en escala logarítmica, "
+              "leída en el n más grande, que no tiene por qué ser el último de la lista.")
+EXPONENT_HINT = ("El exponente es la pendiente del tiempo ajustado en escala logarítmica, "
                  "d ln t / d ln n, en el n más grande: 1 si el tiempo es proporcional a n, 2 si es "
                  "proporcional a n².")
 
@@ -186,7 +197,7 @@ def fit_cases(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray, str]]:
             (0.02, 0.0, 4e-5, 1e-4, "cuadrático con ruido")]:
         n = np.sort(rng.choice(np.arange(4, 400), size=12, replace=False)).astype(float)
         t = c0 + c1 * n + c2 * n**2 + noise * rng.standard_normal(n.shape)
-        coef = "; ".join(f"{k} = {v:g}".replace(".", ",") for k, v in
+        coef = "; ".join(f"{k} = {es_sig(v)}" for k, v in
                          (("c0", c0), ("c1", c1), ("c2", c2), ("ruido", noise)))
         cases.append((n, t, f"{what}; {coef}"))
     return cases
@@ -195,21 +206,24 @@ def fit_cases(seed: int = 0) -> list[tuple[np.ndarray, np.ndarray, str]]:
 def compare_fit(got, expected: dict) -> tuple[str, str] | None:
     """``(message, hint)`` for the first key of ``got`` that differs from the reference fit."""
     if not isinstance(got, dict) or set(expected) - set(got):
-        return (f"se espera un dict con las claves {sorted(expected)}, se obtuvo {got!r}.", "")
+        return (f"se espera un dict con las claves {', '.join(FIT_KEYS)}; se obtuvo "
+                f"{es_value(got)}.", "")
     try:
         values = {key: float(got[key]) for key in FIT_KEYS}
     except (TypeError, ValueError):
-        return (f"las claves {list(FIT_KEYS)} deben ser números; se obtuvo {got!r}.", "")
+        return (f"las claves {', '.join(FIT_KEYS)} deben ser números; se obtuvo "
+                f"{es_value(got)}.", "")
     for key in ("c2", "c1", "c0", "quadratic_share", "exponent"):
         e, g = expected[key], values[key]
         if math.isclose(g, e, rel_tol=1e-6, abs_tol=1e-9):
             continue
-        message = f"{key}: se esperaba {e:.6g} y se obtuvo {g:.6g}."
+        message = f"{key}: se esperaba {es_sig(e)} y se obtuvo {es_sig(g)}."
         if key in ("c0", "c1", "c2"):
             swapped = (math.isclose(g, expected["c0"], rel_tol=1e-6, abs_tol=1e-12)
                        and math.isclose(values["c0"], e, rel_tol=1e-6, abs_tol=1e-12))
             if key == "c2" and swapped:
-                return message, "c2 es el coeficiente de n²; compruebe el orden de los coeficientes."
+                return message, ("El valor de c2 es el de c0: c2 es el coeficiente de n²; "
+                                 "compruebe el orden de los coeficientes.")
             if min(values["c0"], values["c1"], values["c2"]) < -1e-12:
                 return message, NEGATIVE_HINT
             return message, BEST_FIT_HINT
@@ -237,46 +251,124 @@ def check_fit_growth(fn: Callable, seed: int = 0, raise_on_fail: bool = True) ->
 
 # --- (d) the memory budget ---------------------------------------------------------------------
 
-def reference_sequences_that_fit(config: ModelConfig, gpu_memory_bytes: float, context_len: int,
-                                 utilization: float, dtype: str) -> int:
-    try:
-        return memory_budget(config, gpu_memory_bytes, max_len=context_len,
-                             utilization=utilization, dtype=dtype).static_slots
-    except ValueError:
-        return 0  # the weights alone do not fit
+BUDGET_KEYS = ("kv_budget_bytes", "num_blocks", "max_tokens", "sequences")
 
 
-def budget_cases() -> list[tuple[ModelConfig, float, int, float, str]]:
+def reference_sequences_that_fit(config: ModelConfig, gpu_memory_bytes: float, utilization: float,
+                                 activation_bytes: float, weight_dtype: str, kv_dtype: str,
+                                 block_size: int, context_len: int) -> dict:
+    """How many sequences of ``context_len`` tokens fit in one GPU, the way a serving engine
+    sizes its KV cache:
+
+    - ``kv_budget_bytes``: ``utilization`` x the memory, minus the weights (in ``weight_dtype``)
+      and the activation reserve; 0 when nothing is left;
+    - ``num_blocks``: whole blocks of ``block_size`` tokens (KV in ``kv_dtype``) in that budget;
+    - ``max_tokens``: the tokens those blocks hold;
+    - ``sequences``: sequences that each reserve the blocks their ``context_len`` tokens need
+      (a partly used block counts whole).
+    """
+    budget = gpu_memory_bytes * utilization - weight_bytes(config, weight_dtype) - activation_bytes
+    if budget <= 0:
+        return {"kv_budget_bytes": 0.0, "num_blocks": 0, "max_tokens": 0, "sequences": 0}
+    blocks = math.floor(budget / (kv_bytes_per_token(config, kv_dtype) * block_size))
+    return {"kv_budget_bytes": budget, "num_blocks": blocks, "max_tokens": blocks * block_size,
+            "sequences": blocks // math.ceil(context_len / block_size)}
+
+
+def budget_cases() -> list[tuple[ModelConfig, float, float, float, str, str, int, int]]:
+    """(config, memory, utilization, activation reserve, weight dtype, KV dtype, block size,
+    context): each plausible mistake changes the answer of at least one case."""
     return [
-        (get_preset("llama-2-7b"), 24e9, 4096, 1.0, "fp16"),
-        (get_preset("llama-3.1-8b"), 85.5e9, 4096, 0.92, "bf16"),
-        (get_preset("llama-3.1-8b"), 16e9, 2048, 0.9, "fp16"),
-        (get_preset("qwen3-0.6b"), 16e9, 8192, 0.9, "fp16"),
-        (get_preset("smollm2-135m"), 8e9, 8192, 0.8, "fp32"),
-        (get_preset("llama-3.1-70b"), 24e9, 4096, 0.9, "bf16"),  # the weights alone do not fit
-        (get_preset("llama-3.1-70b"), 4 * 80e9, 32768, 0.9, "bf16"),
+        (get_preset("llama-2-7b"), 24e9, 1.0, 0.0, "fp16", "fp16", 16, 4096),
+        (get_preset("llama-3.1-8b"), 85.5e9, 0.92, 2e9, "bf16", "bf16", 16, 4096),
+        (get_preset("llama-3.1-8b"), 24e9, 0.9, 1e9, "fp16", "fp8", 16, 100),  # fp8, 7 blocks
+        (get_preset("qwen3-0.6b"), 16e9, 0.9, 5e8, "fp16", "fp16", 16, 8192),
+        (get_preset("smollm2-135m"), 8e9, 0.8, 0.0, "fp32", "fp32", 1, 8192),
+        (get_preset("llama-3.1-70b"), 24e9, 0.9, 0.0, "bf16", "bf16", 16, 4096),  # no room
+        (get_preset("qwen3-0.6b"), 2e9, 0.9, 7e8, "bf16", "bf16", 16, 2048),  # the reserve: none
+        (get_preset("llama-3.1-70b"), 4 * 80e9, 0.9, 8e9, "bf16", "fp8", 32, 32768),
     ]
 
 
+def budget_label(config: ModelConfig, mem: float, util: float, act: float, wdt: str, kdt: str,
+                 block: int, ctx: int) -> str:
+    return (f"{config.name} ({wdt}, caché en {kdt}) en {es_sig(mem / 1e9)} GB × {es_sig(util)}, "
+            f"reserva de activaciones {es_sig(act / 1e9)} GB, bloques de {block} tokens, "
+            f"secuencias de {ctx} tokens")
+
+
+def compare_budget(got, args) -> tuple[str, str] | None:
+    """``(problem, hint)`` for the first answer of ``got`` that differs from the reference."""
+    expected = reference_sequences_that_fit(*args)
+    if not isinstance(got, dict) or any(k not in got for k in BUDGET_KEYS):
+        return (f"se espera un dict con las claves {', '.join(BUDGET_KEYS)}; se obtuvo "
+                f"{es_value(got)}.", "")
+    for key in BUDGET_KEYS:
+        g, e = got[key], expected[key]
+        if not isinstance(g, (int, float, np.number)) or isinstance(g, bool):
+            return f"{key}: devolvió {es_value(g)}; se espera un número.", ""
+        if key != "kv_budget_bytes" and float(g) != int(float(g)):
+            return (f"{key}: devolvió {es_value(g)}; se espera un número entero.",
+                    "Se cuentan bloques, tokens y secuencias enteros: redondee hacia abajo.")
+        if not math.isclose(float(g), e, rel_tol=1e-9, abs_tol=1e-6):
+            return (f"{key}: se esperaba {es_value(e)} y su función devolvió {es_value(g)}.",
+                    _budget_hint(key, float(g), args, expected))
+    return None
+
+
+def _budget_hint(key: str, got: float, args, expected: dict) -> str:
+    config, mem, util, act, wdt, kdt, block, ctx = args
+    if key == "kv_budget_bytes":
+        usable = mem * util
+        if expected["kv_budget_bytes"] == 0 and got < 0:
+            return ("Si los pesos y la reserva no caben, no queda nada para la caché: el "
+                    "presupuesto es 0, no negativo.")
+        if math.isclose(got, usable - weight_bytes(config, wdt), rel_tol=1e-9):
+            return ("Falta restar la reserva de activaciones: el motor la aparta antes de "
+                    "repartir el resto entre bloques de caché.")
+        if math.isclose(got, mem - weight_bytes(config, wdt) - act, rel_tol=1e-9):
+            return "El motor solo usa la fracción utilization de la memoria, no toda."
+        return ("El presupuesto es la memoria que el motor se permite usar menos los pesos (en "
+                "su dtype) y la reserva de activaciones.")
+    per_token = kv_bytes_per_token(config, kdt)
+    budget = expected["kv_budget_bytes"]
+    if key == "num_blocks":
+        if kdt != wdt and math.isclose(got, math.floor(
+                budget / (kv_bytes_per_token(config, wdt) * block))):
+            return (f"La caché va en {kdt}, no en el dtype de los pesos ({wdt}): cada token de "
+                    "caché ocupa otros bytes.")
+        if got == math.ceil(budget / (per_token * block)):
+            return "Redondee hacia abajo: un bloque a medias no guarda block_size tokens."
+        return "Cuente cuántos bloques enteros de block_size tokens de caché caben en el presupuesto."
+    if key == "max_tokens":
+        if got == math.floor(budget / per_token):
+            return ("La caché se reparte en bloques enteros: los tokens que caben son los de los "
+                    "bloques, no el presupuesto entre los bytes de un token.")
+        return "Los tokens que caben son los que guardan los bloques enteros."
+    if got == math.floor(budget / (per_token * ctx)) or             got == expected["num_blocks"] * block // ctx:
+        return ("Cada secuencia ocupa bloques enteros: si context_len no es múltiplo de "
+                "block_size, su último bloque está a medias y cuenta entero.")
+    if got == math.ceil(expected["num_blocks"] / math.ceil(ctx / block)):
+        return "Redondee hacia abajo: media secuencia no se puede servir."
+    return ("Divida los bloques entre los que necesita una secuencia de context_len tokens, "
+            "contando entero el último, que puede quedar a medias.")
+
+
 def check_sequences_that_fit(fn: Callable, raise_on_fail: bool = True) -> CheckResult:
-    """``fn(config, gpu_memory_bytes, context_len, utilization, dtype) -> int`` sequences that
-    each reserve ``context_len`` tokens of KV cache, after the weights; 0 if the weights do not fit."""
+    """``fn(config, gpu_memory_bytes, utilization, activation_bytes, weight_dtype, kv_dtype,
+    block_size, context_len) -> dict`` with ``kv_budget_bytes``, ``num_blocks``, ``max_tokens``
+    and ``sequences``, as ``reference_sequences_that_fit``."""
     name = "presupuesto de memoria"
     cases = budget_cases()
-    for i, (config, mem, ctx, util, dtype) in enumerate(cases):
-        expected = reference_sequences_that_fit(config, mem, ctx, util, dtype)
-        label = f"{config.name} en {mem / 1e9:g} GB × {util}, contexto {ctx}, {dtype}"
-        got, crash = call_student(name, fn, config, mem, ctx, util, dtype)
+    for i, args in enumerate(cases):
+        label = budget_label(*args)
+        got, crash = call_student(name, fn, *args)
         if crash:
-            return finish(failed(name, i, label, crash, "si los pesos no caben, devuelva 0."),
-                          raise_on_fail)
-        if got != expected:
-            hint = ("redondee hacia abajo: media secuencia no se puede servir." if
-                    isinstance(got, (int, float)) and math.isclose(got, expected + 1, abs_tol=0.5)
-                    else "memoria útil = memoria × utilización − bytes de los pesos; divídala "
-                    "entre los bytes de KV de una secuencia de context_len tokens.")
-            return finish(failed(name, i, label, f"se esperaban {expected} secuencias y su "
-                                 f"función devolvió {got!r}.", hint), raise_on_fail)
+            return finish(failed(name, i, label, crash, "Si los pesos y la reserva no caben, "
+                                 "todo vale 0."), raise_on_fail)
+        wrong = compare_budget(got, args)
+        if wrong:
+            return finish(failed(name, i, label, *wrong), raise_on_fail)
     return finish(passed(name, len(cases)), raise_on_fail)
 
 

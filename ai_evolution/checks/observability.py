@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..fmt import es
+from ..fmt import es, es_sig, es_value
 from ..metrics import bootstrap_ci, percentile
 from . import CheckResult, call_student, failed, finish, passed
 
@@ -30,8 +30,8 @@ def _number(x) -> bool:
 
 
 def _short(values: list[float], k: int = 6) -> str:
-    shown = ", ".join(f"{v:.4g}" for v in values[:k])
-    return f"[{shown}{', …' if len(values) > k else ''}]"
+    shown = "; ".join(es_sig(v, 4) for v in values[:k])
+    return f"[{shown}{'; …' if len(values) > k else ''}]"
 
 
 # --- percentile ---------------------------------------------------------------------------------
@@ -99,11 +99,11 @@ def check_percentile(fn: Callable, seed: int = 0, raise_on_fail: bool = True) ->
             return finish(failed(name, i, label, crash), raise_on_fail)
         expected = percentile(values, q)
         if not _number(got):
-            return finish(failed(name, i, label, f"devolvió {type(got).__name__} ({got!r}); se "
+            return finish(failed(name, i, label, f"devolvió {type(got).__name__} ({es_value(got)}); se "
                                  "espera un número."), raise_on_fail)
         if not _close(float(got), expected):
-            return finish(failed(name, i, label, f"se esperaba {expected:.6g} y su función "
-                                 f"devolvió {float(got):.6g}.", _percentile_hint(values, q, float(got))),
+            return finish(failed(name, i, label, f"se esperaba {es_sig(expected)} y su función "
+                                 f"devolvió {es_sig(float(got))}.", _percentile_hint(values, q, float(got))),
                           raise_on_fail)
         if given != values:
             return finish(failed(name, i, label, "el resultado es correcto, pero su función "
@@ -155,15 +155,16 @@ def _bootstrap_hint(case: dict, got: tuple[float, float]) -> str:
     for (lo, hi), hint in variants:
         if _close(got[0], lo) and _close(got[1], hi):
             return hint
-    return ("use rng = np.random.default_rng(seed) e idx = rng.integers(0, n, size=(n_boot, n)) "
-            "en una sola llamada, el percentil q de cada fila de values[idx] y, de esas n_boot "
-            "estadísticas, los percentiles 100·alpha/2 y 100·(1 − alpha/2).")
+    return ("siga el protocolo de remuestreo del enunciado (un generador creado con la semilla y "
+            "todos los índices en una sola llamada, una fila por remuestra), calcule el percentil q "
+            "de cada remuestra y, de esas n_boot estadísticas, tome los percentiles 100·alpha/2 y "
+            "100·(1 − alpha/2).")
 
 
 def reference_bootstrap(values, q: float, n_boot: int = 1000, alpha: float = 0.05,
                         seed: int | None = 0) -> tuple[float, float]:
     """The exercise's signature on ``metrics.bootstrap_ci`` (whose second positional argument is
-    ``stat``): the autograder's reference for ``mi_bootstrap``."""
+    ``stat``): the autograder's reference for ``bootstrap_interval``."""
     return bootstrap_ci(values, q=q, n_boot=n_boot, alpha=alpha, seed=seed)
 
 
@@ -183,11 +184,11 @@ def check_bootstrap(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> 
         try:
             calls.append(tuple(float(v) for v in got))
         except (TypeError, ValueError):
-            return finish(failed(name, 0, label, f"devolvió {got!r}; se espera una pareja "
+            return finish(failed(name, 0, label, f"devolvió {es_value(got)}; se espera una pareja "
                                  "(low, high) de números."), raise_on_fail)
     if len(set(calls)) > 1:
         return finish(failed(name, 0, label, f"tres llamadas con la misma semilla dan "
-                             f"intervalos distintos: {calls}.", "cree el generador con "
+                             f"intervalos distintos: {es_value(calls)}.", "cree el generador con "
                              "np.random.default_rng(seed) dentro de la función; no use el estado "
                              "global de np.random."), raise_on_fail)
     for i, case in enumerate(cases):
@@ -200,17 +201,17 @@ def check_bootstrap(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> 
             return finish(failed(name, i, label, crash), raise_on_fail)
         if (not isinstance(got, (tuple, list, np.ndarray)) or len(got) != 2
                 or not all(_number(v) for v in got)):
-            return finish(failed(name, i, label, f"devolvió {got!r}; se espera una pareja "
+            return finish(failed(name, i, label, f"devolvió {es_value(got)}; se espera una pareja "
                                  "(low, high) de números."), raise_on_fail)
         got = (float(got[0]), float(got[1]))
         if got[0] > got[1]:
-            return finish(failed(name, i, label, f"low = {got[0]:.6g} es mayor que high = "
-                                 f"{got[1]:.6g}."), raise_on_fail)
+            return finish(failed(name, i, label, f"low = {es_sig(got[0])} es mayor que high = "
+                                 f"{es_sig(got[1])}."), raise_on_fail)
         expected = bootstrap_ci(case["values"], q=case["q"], **kw)
         if not (_close(got[0], expected[0]) and _close(got[1], expected[1])):
-            return finish(failed(name, i, label, f"se esperaba ({expected[0]:.6g}, "
-                                 f"{expected[1]:.6g}) y su función devolvió ({got[0]:.6g}, "
-                                 f"{got[1]:.6g}).", _bootstrap_hint(case, got)), raise_on_fail)
+            return finish(failed(name, i, label, f"se esperaba el intervalo {es_value(expected)} y "
+                                 f"su función devolvió {es_value(got)}.", _bootstrap_hint(case, got)),
+                          raise_on_fail)
     return finish(passed(name, len(cases) + 1), raise_on_fail)
 
 
@@ -268,12 +269,13 @@ def check_arrivals(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> C
         if t is None:
             return fail(label, problem)
         if t[0] != 0.0:
-            return fail(label, f"la primera llegada es {t[0]:.4g} s.", "por convención (la de "
+            return fail(label, f"la primera llegada es {es_sig(t[0], 4)} s.", "por convención (la de "
                         "benchmark_serving de vLLM) la primera petición se envía en t = 0: "
                         "instantes = 0 seguido de la suma acumulada de n − 1 huecos.")
         if np.any(np.diff(t) < 0):
             return fail(label, f"los instantes no crecen: {_short(t.tolist())}.",
-                        "devuelva instantes acumulados (np.cumsum de los huecos), no los huecos.")
+                        "devuelva instantes acumulados (cada uno, el anterior más su hueco), no los "
+                        "huecos.")
         k += 1
     # 2. statistics of the gaps: mean 1 / rate, exponential shape, no correlation
     for rate in (0.5, 4.0, 37.5):
@@ -299,7 +301,7 @@ def check_arrivals(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> C
                      "de Poisson." if cv < 0.05 else
                      "¿huecos uniformes? Una exponencial tiene la desviación típica igual a la "
                      f"media (la suya es {es(cv, 2)} veces la media)." if cv < 0.9 else
-                     "use huecos exponenciales: rng.exponential(1 / rate, n − 1).")
+                     "use n − 1 huecos exponenciales independientes, de media 1/rate.")
             return fail(label, f"los huecos no siguen una exponencial de media 1/rate: el "
                         f"estadístico de Kolmogorov-Smirnov es D = {es(d, 4)} y el máximo "
                         f"admisible {es(crit, 4)}.", shape)
@@ -328,7 +330,7 @@ def check_arrivals(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> C
     k += 1
     # 4. a rate that is not a finite number > 0 is rejected
     for bad in (0.0, -2.0, float("nan"), float("inf")):
-        label = f"rate = {bad}"
+        label = f"rate = {es_value(bad)}"
         try:
             got = fn(5, bad, 0)
         except NotImplementedError:
@@ -341,7 +343,8 @@ def check_arrivals(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> C
                         "compruebe rate al principio y lance ValueError con un mensaje que "
                         "nombre el valor recibido.")
         return fail(label, f"devolvió un resultado ({type(got).__name__}) sin lanzar "
-                    "ValueError.", "una tasa debe ser un número finito > 0: compruebe "
-                    "math.isfinite(rate) and rate > 0 y, si no, lance ValueError.")
+                    "ValueError.", "una tasa debe ser un número finito mayor que 0 (ni 0, ni "
+                    "negativa, ni NaN, ni infinita): compruébelo al principio y, si no, lance "
+                    "ValueError.")
     return finish(passed(name, k, "Los huecos pasan las pruebas de media, forma exponencial "
                          "e independencia."), raise_on_fail)

@@ -18,7 +18,8 @@ def _state(pool: BlockPool) -> tuple:
 def _describe(state: tuple) -> str:
     free, refs, cached = state
     held = {i: r for i, r in enumerate(refs) if r}
-    return f"cola libre {free}, ref_cnt de los ocupados {held}, {len(cached)} bloques en caché"
+    return (f"cola libre {free}, ref_cnt de los ocupados {held}, {len(cached)} "
+            f"{'bloque' if len(cached) == 1 else 'bloques'} en caché")
 
 
 def _pool_ops(seed: int, num_blocks: int) -> list[tuple]:
@@ -80,14 +81,14 @@ def check_block_pool(cls: type, seed: int = 0, model=None, raise_on_fail: bool =
             if crash:
                 return finish(failed(name, i, label, crash), raise_on_fail)
             if got != expected:
-                return finish(failed(name, i, label, f"allocate debía devolver los bloques {expected} "
-                                     f"y devolvió {got}.", "se toman de la cabeza de la cola libre "
-                                     "(los liberados hace más tiempo); si no hay bastantes, None y "
-                                     "nada cambia."), raise_on_fail)
+                return finish(failed(name, i, label, f"allocate debía devolver {_blocks(expected)} "
+                                     f"y devolvió {_blocks(got)}.", _allocate_hint(expected, got)),
+                              raise_on_fail)
             if _state(mine) != _state(ref):
                 return finish(failed(name, i, label, f"tras la operación se esperaba "
                                      f"{_describe(_state(ref))} y su pool tiene "
-                                     f"{_describe(_state(mine))}.", _pool_hint(op[0])), raise_on_fail)
+                                     f"{_describe(_state(mine))}.",
+                                     _pool_hint(op[0], _state(ref), _state(mine))), raise_on_fail)
     detail = ""
     if model is not None:
         problem = _engine_run(model, seed, pool_cls=cls)
@@ -97,12 +98,46 @@ def check_block_pool(cls: type, seed: int = 0, model=None, raise_on_fail: bool =
     return finish(passed(name, len(cases) + (model is not None), detail), raise_on_fail)
 
 
-def _pool_hint(kind: str) -> str:
+def _blocks(ids) -> str:
+    return "None" if ids is None else f"los bloques {ids}"
+
+
+def _allocate_hint(expected, got) -> str:
+    if expected is None:
+        return ("no había tantos bloques libres como se pedían: en ese caso allocate no asigna "
+                "ninguno (devuelve None) y el pool queda como estaba.")
+    if got is None:
+        return "había bloques libres suficientes: allocate debía asignarlos."
+    return ("los bloques se toman de la cabeza de la cola libre, en su orden: primero los liberados "
+            "hace más tiempo.")
+
+
+def _pool_hint(kind: str, expected: tuple, got: tuple) -> str:
+    """What differs between the reference's state and the student's after operation ``kind``."""
+    (free_e, refs_e, cached_e), (free_g, refs_g, cached_g) = expected, got
     if kind == "allocate":
-        return ("al reutilizar un bloque con hash, bórrelo de pool.cached y ponga block_hash a "
-                "None; el bloque sale de la cola libre con ref_cnt = 1.")
-    return ("free resta 1 a ref_cnt de cada bloque y, solo si llega a 0, lo añade al final de la "
-            "cola libre, en el orden recibido; el hash se conserva.")
+        if refs_e != refs_g:
+            return "un bloque recién asignado tiene un solo dueño: su contador de referencias empieza en 1."
+        if cached_e != cached_g:
+            return ("un bloque que se reutiliza pierde el prefijo que guardaba: deja de figurar en "
+                    "pool.cached, su hash queda vacío y el desalojo se cuenta.")
+        return ("allocate saca de la cola libre exactamente los bloques que asigna, por la cabeza, "
+                "y deja el resto en su orden.")
+    if kind == "free":
+        if refs_e != refs_g:
+            return ("free quita un solo dueño a cada bloque que recibe; un bloque compartido sigue "
+                    "ocupado mientras le quede alguno.")
+        if set(free_g) - set(free_e):
+            return "un bloque vuelve a la cola libre solo cuando se queda sin dueños."
+        if set(free_e) - set(free_g):
+            return "un bloque que se queda sin dueños debe volver a la cola libre."
+        if free_e != free_g:
+            return ("los bloques liberados se añaden al final de la cola libre, en el orden en que "
+                    "free los recibe.")
+        return ("liberar no borra el prefijo: el bloque conserva su hash y sigue en pool.cached "
+                "hasta que alguien lo reutiliza.")
+    return ("el estado ya difería antes de esta operación de la biblioteca: revise qué dejan su "
+            "allocate y su free en la cola libre, en los contadores y en pool.cached.")
 
 
 def _prefix_pools(seed: int):
@@ -157,11 +192,13 @@ def check_prefix_lookup(fn: Callable, seed: int = 0, model=None, raise_on_fail: 
 
 def _prefix_hint(n: int, bs: int, expected: list, got: list) -> str:
     if len(got) > len(expected) and len(got) * bs >= n:
-        return "el último token del prompt nunca sale de la caché: recorra los bloques llenos de token_ids[:-1]."
+        return ("el último token del prompt nunca sale de la caché (hay que calcularlo para tener "
+                "sus logits): solo cuentan los bloques llenos que quedan sin él.")
     if len(got) > len(expected):
         return "pare en el primer bloque que no está en caché, aunque los siguientes sí estén."
-    return ("el hash de cada bloque encadena el del anterior: parent = hash_block(parent, tokens "
-            "del bloque), empezando con parent = None.")
+    return ("el hash de un bloque encadena el del bloque anterior (el primero no tiene anterior), "
+            "así que un bloque solo coincide si todo lo que va antes coincide: un hash calculado con "
+            "los tokens del bloque solos, o con otro encadenamiento, no está en la caché.")
 
 
 def _engine_run(model, seed: int, pool_cls=None, prefix_fn=None) -> str | None:

@@ -3,8 +3,13 @@
 Three exercises, each checked against the library's cost model (``ai_evolution.sim``):
 
 (a) ``check_decode_roofline``: the bytes, FLOPs, intensity and bandwidth floor of one decode step;
-(b) ``check_predict_step``: the time a step takes, ``max(bytes / BW, flops / peak) + overhead``;
-(c) ``check_departure_batch``: the first batch size where a measured curve leaves the prediction.
+(b) ``check_predict_step``: the time a step takes, ``max(bytes / BW, flops / peak) + overhead``,
+    which of the two floors binds, and the intensity at which they cross (the ridge point);
+(c) ``check_departure_batch``: the roofline prediction calibrated on the smallest batch, and the
+    first batch size where the measured curve leaves it.
+
+Failure messages carry the second tier of each exercise's hint ("Pista: ..."): which quantity is
+off and why, in words, never the code line (the first tier is the notebook's NotImplementedError).
 """
 
 from __future__ import annotations
@@ -14,12 +19,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..fmt import es
+from ..fmt import es, es_sig, es_value
 from ..hardware import DEVICE_PRESETS
 from ..model import ModelConfig, dtype_bytes, get_preset, kv_bytes_per_token
-from ..sim import (RooflineCostModel, StepCost, decode_step_cost, matmul_params, step_cost,
-                   time_floor_s)
-from ..sim import departure_batch as reference_departure_batch  # the lab uses the same function
+from ..sim import (RooflineCostModel, StepCost, decode_step_cost, matmul_params, ridge_point,
+                   step_cost, time_floor_s)
+from ..sim import departure_batch as departure_from_prediction
 from . import CheckResult, call_student, failed, finish, passed
 
 DTYPES = ("bf16", "fp16", "fp32", "int8")
@@ -29,18 +34,9 @@ REL_TOL = 1e-6
 _HINT_TOL = 1e-8  # a wrong formula reproduced exactly: only float rounding separates it
 
 
-_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
 def _num(x: float, digits: int = 7) -> str:
     """``x`` with about ``digits`` significant digits, decimal comma; powers of ten when extreme."""
-    x = float(x)
-    if x == 0 or not math.isfinite(x):
-        return es(x, 0) if x == 0 else str(x)
-    e = math.floor(math.log10(abs(x)))
-    if -4 <= e < 15:
-        return es(x, max(0, digits - 1 - e))
-    return f"{es(x / 10**e, digits - 1)} × 10{str(e).translate(_SUPERSCRIPT)}"
+    return es_sig(x, digits)
 
 
 def _is_number(x) -> bool:
@@ -90,7 +86,7 @@ def decode_roofline_cases(seed: int = 0) -> list[tuple[ModelConfig, str, int, in
 def check_decode_roofline(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(config, dtype, batch_size, context_len, bandwidth_bytes_per_s) -> dict`` with keys
     ``bytes``, ``flops``, ``intensity`` and ``floor_s``, as ``reference_decode_roofline``."""
-    name = "techo de memoria de un paso de decodificación"
+    name = "bytes, FLOP y suelo de un paso de decodificación"
     cases = decode_roofline_cases(seed)
     keys = ("bytes", "flops", "intensity", "floor_s")
     for i, (config, dtype, batch, ctx, device) in enumerate(cases):
@@ -103,11 +99,11 @@ def check_decode_roofline(fn: Callable, seed: int = 0, raise_on_fail: bool = Tru
             return finish(failed(name, i, label, crash), raise_on_fail)
         if not isinstance(got, dict) or any(k not in got for k in keys):
             return finish(failed(name, i, label, f"se espera un dict con las claves "
-                                 f"{', '.join(keys)}; se obtuvo {got!r}."), raise_on_fail)
+                                 f"{', '.join(keys)}; se obtuvo {es_value(got)}."), raise_on_fail)
         for key in keys:
             value = got[key]
             if not _is_number(value):
-                return finish(failed(name, i, label, f"{key}: devolvió {value!r} "
+                return finish(failed(name, i, label, f"{key}: devolvió {es_value(value)} "
                                      f"({type(value).__name__}); se espera un número."),
                               raise_on_fail)
             g, e = float(value), expected[key]
@@ -134,82 +130,98 @@ def _roofline_hint(key: str, got: float, config: ModelConfig, dtype: str, batch:
     if key == "bytes":
         e = expected["bytes"]
         if not config.tie_word_embeddings and _close(got, e + (vocab - batch) * h * b):
-            return ("la tabla de embeddings no se multiplica: cada token del lote lee solo su "
-                    "fila (batch_size filas por paso), no las vocab_size filas. Solo un modelo "
-                    "con embeddings atados lee la tabla entera, porque es también su lm_head.")
+            return ("La tabla de embeddings no se multiplica: cada token del lote lee solo su "
+                    "fila, no la tabla entera. Solo un modelo con embeddings atados la lee "
+                    "entera, porque es también su lm_head.")
         if config.tie_word_embeddings and _close(got, e - table):
-            return ("este modelo ata los embeddings (tie_word_embeddings=True): la misma tabla "
-                    "es el lm_head, y su matmul la lee entera en cada paso.")
+            return ("Este modelo ata los embeddings (tie_word_embeddings): la misma tabla es su "
+                    "lm_head, y el último matmul la lee entera en cada paso.")
         if not config.tie_word_embeddings and _close(got, e - table):
-            return ("falta el lm_head: vocab_size × hidden_size pesos que el último matmul lee "
-                    "enteros en cada paso.")
+            return ("Falta el lm_head: una matriz de vocabulario por dimensión oculta que el "
+                    "último matmul lee entera en cada paso.")
         if _close(got, e - cost.kv_bytes):
-            return ("un paso de decodificación lee también la caché KV entera de cada "
-                    "secuencia: bytes de KV por token × (context_len + 1) × batch_size.")
+            return ("Sus bytes son solo los de los pesos: un paso de decodificación lee también "
+                    "la caché KV entera de cada secuencia del lote.")
         if batch > 1 and _close(got, e - cost.kv_bytes * (batch - 1) / batch):
-            return ("contó la caché KV de una sola secuencia: cada una de las batch_size "
-                    "secuencias tiene la suya (los pesos, en cambio, se leen una sola vez por "
-                    "paso para todo el lote).")
+            return ("Contó la caché KV de una sola secuencia: cada secuencia del lote tiene la "
+                    "suya (los pesos, en cambio, se leen una sola vez por paso para todo el lote).")
         if _close(got, e - batch * kv_token):
-            return ("la caché que se lee tiene context_len + 1 posiciones por secuencia: las "
-                    "anteriores y la del token nuevo, que también se atiende a sí mismo.")
+            return ("Le falta una posición de caché por secuencia: el token nuevo también se "
+                    "atiende a sí mismo, así que se leen las posiciones anteriores y la suya.")
         if _close(got, e - batch * h * b):
-            return ("falta la fila de la tabla de embeddings que lee cada token del lote "
-                    "(batch_size × hidden_size elementos).")
+            return "Falta la fila de la tabla de embeddings que lee cada token del lote."
         if batch > 1 and _close(got, e + (batch - 1) * cost.weight_bytes):
-            return ("los pesos se leen una sola vez por paso, compartidos por todo el lote; "
-                    "lo que crece con batch_size es la caché KV.")
+            return ("Contó los pesos una vez por secuencia: se leen una sola vez por paso, "
+                    "compartidos por todo el lote; lo que crece con el lote es la caché KV.")
         if _close(got, 8 * e):
-            return "el resultado parece estar en bits; se piden bytes."
-        return ("bytes = pesos leídos (cada peso una vez, una fila de embeddings por token) + "
-                f"caché KV de todas las secuencias; revise también los bytes por elemento de "
-                f"{dtype} ({es(b, 0)}).")
+            return "Sus bytes son 8 veces los esperados: el resultado parece estar en bits."
+        return ("Los bytes de un paso son los pesos que lee (cada uno una vez, una fila de "
+                "embeddings por token) más la caché KV de todas las secuencias; revise también "
+                f"los bytes por elemento de {dtype} ({es(b, 0)}).")
     if key == "flops":
         e = expected["flops"]
         matmul = 2 * matmul_params(config) * batch
         attn = e - matmul
         if _close(got, e / 2) or _close(got, matmul / 2 + attn):
-            return ("cada peso de un matmul hace 2 FLOP por token: una multiplicación y una "
-                    "suma.")
+            return ("Sus FLOP de matmul son la mitad: cada peso hace dos operaciones por token, "
+                    "una multiplicación y una suma.")
         if _close(got, matmul):
-            return ("faltan los FLOP de la atención: cada token nuevo compara su consulta con "
-                    "context_len + 1 claves y mezcla otros tantos valores, 4 × capas × cabezas × "
-                    "head_dim FLOP por posición atendida.")
+            return ("Faltan los FLOP de la atención: cada token nuevo compara su consulta con "
+                    "todas las claves que atiende y mezcla otros tantos valores, en cada capa y "
+                    "cada cabeza.")
         if _close(got, e + 2 * vocab * h * batch):
-            return ("la tabla de embeddings no entra en un matmul: leer una fila no hace FLOP. "
+            return ("La tabla de embeddings no entra en un matmul: leer una fila no hace FLOP. "
                     "Cuente solo los pesos de atención, MLP y lm_head.")
         if _close(got, e - 4 * config.num_layers * config.num_heads * config.head_dim * batch):
-            return ("cada token nuevo atiende a context_len + 1 posiciones: las anteriores y la "
-                    "suya.")
-        return ("flops = 2 × pesos de matmul × batch_size + atención (4 × capas × cabezas × "
-                "head_dim × (context_len + 1) por secuencia).")
+            return ("Le falta una posición atendida por secuencia: cada token nuevo atiende a las "
+                    "anteriores y a la suya.")
+        return ("Los FLOP de un paso son los de los matmul (dos por peso y por token del lote) "
+                "más los de la atención sobre todas las posiciones atendidas.")
     if key == "intensity":
         if _close(got, 1 / expected["intensity"], 1e-5):
-            return "la intensidad aritmética es flops / bytes (FLOP por byte), no al revés."
-        return "intensidad = flops / bytes del mismo paso."
+            return ("La intensidad aritmética son FLOP por byte leído: su resultado es el "
+                    "inverso.")
+        return "La intensidad es el cociente entre los FLOP y los bytes del mismo paso."
     # floor_s
     e = expected["floor_s"]
     ratio = got / e if e else float("nan")
     if math.isclose(ratio, 8, rel_tol=1e-5):
-        return ("el suelo parece calculado en bits: el ancho de banda está en bytes/s, divida "
-                "los bytes (no los bits) entre él.")
+        return ("Su suelo es 8 veces el esperado: parece calculado en bits, y el ancho de banda "
+                "está en bytes por segundo.")
     if math.isclose(ratio, 1e-9, rel_tol=1e-5) or math.isclose(ratio, 1e9, rel_tol=1e-5):
-        return ("mezcla de unidades: pase los bytes y el ancho de banda en las mismas unidades "
-                "(bytes y bytes/s, no GB ni GB/s solo en uno de los dos).")
+        return ("Mezcla de unidades: los bytes y el ancho de banda deben ir en las mismas "
+                "unidades (bytes y bytes por segundo, no GB ni GB/s solo en uno de los dos).")
     if math.isclose(ratio, 1e3, rel_tol=1e-5):
-        return "floor_s va en segundos, no en milisegundos."
+        return "El suelo va en segundos, no en milisegundos."
     if _close(got, cost.weight_bytes / bw, 1e-5):
-        return "el suelo usa todos los bytes del paso: pesos y caché KV."
-    return "floor_s = bytes / ancho de banda, en segundos."
+        return "El suelo usa todos los bytes del paso: pesos y caché KV."
+    return ("El suelo es lo que tarda en leerse todo lo que el paso lee al ancho de banda dado, "
+            "en segundos.")
 
 
 # --- (b) the time of a step ---------------------------------------------------------------------
 
+PREDICT_KEYS = ("time_s", "bound", "ridge_intensity")
+BOUNDS = ("memory", "compute")
+_BOUND_ES = {"memory": "la memoria", "compute": "el cálculo"}
+
+
 def reference_predict_step(step_bytes: float, step_flops: float, bandwidth_bytes_per_s: float,
-                           peak_flops: float, overhead_s: float) -> float:
-    """Seconds one step takes on the roofline: ``max(bytes / BW, flops / peak) + overhead``."""
+                           peak_flops: float, overhead_s: float) -> dict:
+    """One step on the roofline, plus a fixed overhead:
+
+    - ``time_s``: ``max(bytes / BW, flops / peak) + overhead``, the slower of the two limits;
+    - ``bound``: ``"compute"`` when doing the FLOPs takes longer than reading the bytes, else
+      ``"memory"`` (at a tie the step is not yet compute-bound);
+    - ``ridge_intensity``: the arithmetic intensity (FLOP/byte) at which both limits take the
+      same time on this machine, ``peak / BW`` (the ridge point).
+    """
     model = RooflineCostModel(bandwidth_bytes_per_s, peak_flops, overhead_s)
-    return model.step_time_s(StepCost(flops=step_flops, weight_bytes=step_bytes, kv_bytes=0.0))
+    t_mem, t_comp = step_bytes / bandwidth_bytes_per_s, step_flops / peak_flops
+    return {"time_s": model.step_time_s(StepCost(flops=step_flops, weight_bytes=step_bytes,
+                                                 kv_bytes=0.0)),
+            "bound": "compute" if t_comp > t_mem else "memory",
+            "ridge_intensity": ridge_point(peak_flops, bandwidth_bytes_per_s)}
 
 
 def predict_step_cases(seed: int = 0) -> list[tuple[str, float, float, float, float, float]]:
@@ -230,7 +242,7 @@ def predict_step_cases(seed: int = 0) -> list[tuple[str, float, float, float, fl
         else:
             cost = step_cost(config, [ctx], [ctx], dtype)
             what = f"prefill de {ctx} tokens de {preset} ({dtype})"
-        cases.append((f"{what} en {device}, overhead {es(overhead * 1e3, 3)} ms", cost.bytes,
+        cases.append((f"{what} en {device}, sobrecarga {es(overhead * 1e3, 3)} ms", cost.bytes,
                       cost.flops, spec.bandwidth_bytes_per_s, spec.peak_flops[dtype], overhead))
     rng = np.random.default_rng(seed)
     for j in range(4):
@@ -241,147 +253,254 @@ def predict_step_cases(seed: int = 0) -> list[tuple[str, float, float, float, fl
         overhead = float(rng.choice([0.0, 1e-5, 4e-4, 2e-3]))
         cases.append((f"caso aleatorio {j + 1}: {_num(n_bytes, 4)} bytes, intensidad "
                       f"{_num(intensity, 4)} FLOP/byte, punto de cresta {_num(peak / bw, 4)} "
-                      f"FLOP/byte, overhead {es(overhead * 1e3, 3)} ms",
+                      f"FLOP/byte, sobrecarga {es(overhead * 1e3, 3)} ms",
                       n_bytes, n_bytes * intensity, bw, peak, overhead))
     return cases
 
 
+def compare_predict(got, n_bytes: float, flops: float, bw: float, peak: float,
+                    overhead: float) -> tuple[str, str] | None:
+    """``(problem, hint)`` for the first thing ``got`` gets wrong against the reference, or None."""
+    expected = reference_predict_step(n_bytes, flops, bw, peak, overhead)
+    if not isinstance(got, dict) or any(k not in got for k in PREDICT_KEYS):
+        return (f"se espera un dict con las claves {', '.join(PREDICT_KEYS)}; se obtuvo "
+                f"{es_value(got)}.", "")
+    t = got["time_s"]
+    if not _is_number(t):
+        return (f"time_s: devolvió {es_value(t)} ({type(t).__name__}); se espera un número de "
+                "segundos.", "")
+    if not math.isclose(float(t), expected["time_s"], rel_tol=REL_TOL):
+        return (f"time_s: se esperaban {_num(expected['time_s'])} s y su función devolvió "
+                f"{_num(float(t))} s.", _time_hint(float(t), n_bytes, flops, bw, peak, overhead))
+    if got["bound"] not in BOUNDS:
+        return (f"bound: devolvió {es_value(got['bound'])}; se espera «memory» o «compute».",
+                "Diga con una de esas dos palabras cuál de los dos límites manda en el paso.")
+    if got["bound"] != expected["bound"]:
+        t_mem, t_comp = n_bytes / bw, flops / peak
+        hint = ("A igualdad de los dos tiempos el paso todavía no está limitado por el cálculo: "
+                "diga «memory»." if t_mem == t_comp else
+                f"Manda el límite que más tarda: aquí leer los bytes tarda {_num(t_mem, 4)} s y "
+                f"hacer los FLOP, {_num(t_comp, 4)} s.")
+        return (f"bound: se esperaba «{expected['bound']}» ({_BOUND_ES[expected['bound']]}) y su "
+                f"función devolvió «{got['bound']}».", hint)
+    r = got["ridge_intensity"]
+    if not _is_number(r):
+        return (f"ridge_intensity: devolvió {es_value(r)} ({type(r).__name__}); se espera un "
+                "número de FLOP por byte.", "")
+    e = expected["ridge_intensity"]
+    if not math.isclose(float(r), e, rel_tol=REL_TOL):
+        if _close(float(r), 1 / e, 1e-6):
+            hint = ("Su resultado es el inverso: el punto de cresta se mide en FLOP por byte, "
+                    "los FLOP que hay que hacer por cada byte leído para que el cálculo tarde "
+                    "lo mismo que la lectura.")
+        elif n_bytes and _close(float(r), flops / n_bytes, 1e-6):
+            hint = ("Esa es la intensidad del paso. El punto de cresta es de la máquina: no "
+                    "depende de los bytes ni de los FLOP del paso, solo de su pico y su ancho "
+                    "de banda.")
+        else:
+            hint = ("El punto de cresta es la intensidad (FLOP por byte) a la que leer y "
+                    "calcular tardan lo mismo en esta máquina.")
+        return (f"ridge_intensity: se esperaban {_num(e)} FLOP/byte y su función devolvió "
+                f"{_num(float(r))} FLOP/byte.", hint)
+    return None
+
+
 def check_predict_step(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
-    """``fn(step_bytes, step_flops, bandwidth_bytes_per_s, peak_flops, overhead_s) -> seconds``,
-    as ``RooflineCostModel.step_time_s``."""
-    name = "tiempo de un paso según el techo"
+    """``fn(step_bytes, step_flops, bandwidth_bytes_per_s, peak_flops, overhead_s) -> dict``
+    with ``time_s``, ``bound`` and ``ridge_intensity``, as ``reference_predict_step``."""
+    name = "tiempo de un paso según el roofline"
     cases = predict_step_cases(seed)
     for i, (label, n_bytes, flops, bw, peak, overhead) in enumerate(cases):
-        expected = reference_predict_step(n_bytes, flops, bw, peak, overhead)
         got, crash = call_student(name, fn, n_bytes, flops, bw, peak, overhead)
         if crash:
             return finish(failed(name, i, label, crash), raise_on_fail)
-        if not _is_number(got):
-            return finish(failed(name, i, label, f"devolvió {got!r} ({type(got).__name__}); "
-                                 "se espera un número de segundos."), raise_on_fail)
-        if not math.isclose(float(got), expected, rel_tol=REL_TOL):
-            hint = _predict_hint(float(got), n_bytes, flops, bw, peak, overhead)
-            return finish(failed(name, i, label, f"se esperaban {_num(expected)} s y su función "
-                                 f"devolvió {_num(float(got))} s.", hint), raise_on_fail)
+        wrong = compare_predict(got, n_bytes, flops, bw, peak, overhead)
+        if wrong:
+            return finish(failed(name, i, label, *wrong), raise_on_fail)
     return finish(passed(name, len(cases)), raise_on_fail)
 
 
-def _predict_hint(got: float, n_bytes: float, flops: float, bw: float, peak: float,
-                  overhead: float) -> str:
+def _time_hint(got: float, n_bytes: float, flops: float, bw: float, peak: float,
+               overhead: float) -> str:
     t_mem, t_comp = n_bytes / bw, flops / peak
     slow = "la memoria" if t_mem >= t_comp else "el cómputo"
     if _close(got, t_mem + t_comp + overhead) or _close(got, t_mem + t_comp):
-        return ("los dos límites no se suman: el paso tarda lo que el más lento, "
-                "max(bytes / ancho de banda, flops / pico), más el overhead.")
+        return ("Los dos límites no se suman: leer y calcular se solapan, y el paso tarda lo que "
+                "el más lento de los dos, más la sobrecarga.")
     if _close(got, min(t_mem, t_comp) + overhead) or _close(got, min(t_mem, t_comp)):
-        return (f"su resultado es el límite más rápido de los dos (¿min, o un solo límite?); en "
-                f"este caso manda {slow}: el paso tarda lo que el más lento, max(...).")
+        return (f"Su resultado es el límite más rápido de los dos; en este caso manda {slow}: "
+                "el paso no termina antes de que acabe lo más lento.")
     if overhead > 0 and _close(got, max(t_mem, t_comp)):
-        return "falta sumar overhead_s, el tiempo fijo que el motor añade a cada paso."
-    return ("t = max(step_bytes / bandwidth_bytes_per_s, step_flops / peak_flops) + overhead_s, "
-            "en segundos.")
+        return ("Falta sumar overhead_s, la sobrecarga: el tiempo fijo que el motor añade a "
+                "cada paso.")
+    if t_comp > t_mem and (_close(got, t_mem + overhead) or _close(got, t_mem)):
+        return ("Solo cuenta la memoria: en este paso hacer los FLOP tarda más que leer los "
+                "bytes, y manda el cómputo.")
+    return ("El tiempo es el del límite más lento (leer los bytes al ancho de banda o hacer los "
+            "FLOP al pico), más la sobrecarga, en segundos.")
 
 
-# --- (c) where the measurement leaves the prediction ---------------------------------------------
+# --- (c) the prediction calibrated on the smallest batch, and where the measurement leaves it ---
 
-def departure_cases(seed: int = 0) -> list[tuple[str, list[int], list[float], list[float], float]]:
-    """(label, batch_sizes, measured_s, predicted_s, tolerance), seeded synthetic curves."""
+def reference_departure_batch(batch_sizes, measured_s, step_costs, bandwidth_bytes_per_s: float,
+                              peak_flops: float, tolerance: float) -> int | None:
+    """The first batch size whose measured step exceeds the calibrated roofline prediction by
+    more than ``tolerance``, relative; None if none does.
+
+    The prediction is calibrated on the first (smallest) batch: its overhead is what that
+    measured step takes beyond its roofline time, never negative (a step measured below its
+    roofline leaves no room for a fixed cost). Every batch is then predicted with that overhead
+    (``reference_predict_step``), and the comparison is ``measured > predicted x (1 +
+    tolerance)``, strictly: a curve that departs and dips back departed at its first excess.
+    ``step_costs[i]`` holds the ``bytes`` and ``flops`` of one step of ``batch_sizes[i]``.
+    """
+    return departure_from_prediction(
+        batch_sizes, measured_s,
+        calibrated_prediction(measured_s, step_costs, bandwidth_bytes_per_s, peak_flops),
+        tolerance)
+
+
+def calibrated_prediction(measured_s, step_costs, bw: float, peak: float,
+                          overhead_mode: str = "calibrated", memory_only: bool = False
+                          ) -> list[float]:
+    """The roofline prediction per batch size, its overhead calibrated on the first one.
+    ``overhead_mode`` and ``memory_only`` give the plausible mistakes the hints recognise."""
+    def roof(c):
+        return c["bytes"] / bw if memory_only else \
+            reference_predict_step(c["bytes"], c["flops"], bw, peak, 0.0)["time_s"]
+
+    extra = measured_s[0] - roof(step_costs[0])
+    overhead = {"calibrated": max(0.0, extra), "none": 0.0, "signed": extra}[overhead_mode]
+    return [roof(c) + overhead for c in step_costs]
+
+
+def _costs(config: ModelConfig, dtype: str, batches: list[int], ctx: int) -> list[dict]:
+    return [{"bytes": c.bytes, "flops": c.flops}
+            for c in (decode_step_cost(config, b, ctx, dtype) for b in batches)]
+
+
+def departure_cases(seed: int = 0) -> list[tuple[str, list[int], list[float], list[dict], float,
+                                                 float, float]]:
+    """(label, batch_sizes, measured_s, step_costs, bandwidth, peak, tolerance): seeded curves
+    built on the calibrated prediction, each meant to expose one mistake."""
     rng = np.random.default_rng(seed)
     cases = []
-    # 1. Flat prediction; measurement on it (within the tolerance) up to a knee, then rising.
-    batches = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    floor = float(rng.uniform(2e-3, 8e-3))
-    knee = int(rng.integers(3, 7))
-    pred = [floor] * len(batches)
-    meas = [p * (1 + float(rng.uniform(0, 0.05))) if k < knee else p * (1.3 + 0.5 * (k - knee))
-            for k, p in enumerate(pred)]
-    cases.append(("predicción plana, medida que sube a partir de un lote", batches, meas, pred,
-                  0.1))
-    # 2. Never departs: the prediction rises with the KV cache and the measurement follows it.
-    pred = [floor * (1 + 0.002 * b) for b in batches]
-    meas = [p * (1 + float(rng.uniform(-0.05, 0.08))) for p in pred]
-    cases.append(("la medida nunca se aparta", batches, meas, pred, 0.1))
-    # 3. Departs at the first point (a prediction that forgot a fixed overhead).
-    batches3 = [4, 8, 16, 32, 64]
-    pred = [floor * (1 + 0.001 * b) for b in batches3]
-    meas = [p * (1.5 + float(rng.uniform(0, 0.3))) for p in pred]
-    cases.append(("se aparta desde el primer punto", batches3, meas, pred, 0.15))
+    cpu = get_preset("cpu-200m")
+    bw, peak = float(rng.uniform(15e9, 40e9)), float(rng.uniform(2e11, 8e11))
+
+    def measured(batches, costs, factors, overhead):
+        pred = calibrated_prediction([0.0], costs, bw, peak, "none")
+        return [(p + overhead) * f for p, f in zip(pred, factors)]
+
+    # 1. On the calibrated prediction (within the tolerance) up to a knee, then rising.
+    batches = [1, 2, 4, 8, 16, 32, 64, 128]
+    costs = _costs(cpu, "fp32", batches, 64)
+    overhead = float(rng.uniform(2e-3, 8e-3))
+    knee = int(rng.integers(3, 6))
+    factors = [1.0] + [1 + float(rng.uniform(0, 0.05)) if k < knee else 1.3 + 0.5 * (k - knee)
+                       for k in range(1, len(batches))]
+    cases.append(("medida sobre la predicción calibrada hasta un lote, después más lenta",
+                  batches, measured(batches, costs, factors, overhead), costs, bw, peak, 0.1))
+    # 2. Never departs: the measurement follows the prediction, compute-bound batches included.
+    factors = [1.0] + [1 + float(rng.uniform(-0.05, 0.08)) for _ in batches[1:]]
+    cases.append(("la medida nunca se aparta", batches,
+                  measured(batches, costs, factors, overhead), costs, bw, peak, 0.1))
+    # 3. The batch-1 step measured below its roofline: the calibrated overhead is zero.
+    batches3 = [1, 2, 4, 8]
+    costs3 = _costs(cpu, "fp32", batches3, 32)
+    roof = calibrated_prediction([0.0], costs3, bw, peak, "none")
+    meas = [0.8 * roof[0]] + [r * (1 + float(rng.uniform(0.0, 0.04))) for r in roof[1:]]
+    cases.append(("el lote 1 mide menos que su roofline (un ancho de banda subestimado)",
+                  batches3, meas, costs3, bw, peak, 0.1))
     # 4. Departs, dips back within the tolerance, departs again: the first departure counts.
-    pred = [floor] * len(batches)
     first = int(rng.integers(2, 5))
-    meas = []
-    for k, p in enumerate(pred):
-        if k == first or k >= first + 2:
-            meas.append(p * (1.25 + 0.3 * max(0, k - first - 2)))
-        else:
-            meas.append(p * (1 + float(rng.uniform(0, 0.05))))
+    factors = [1.0] + [1.25 + 0.3 * max(0, k - first - 2) if k == first or k >= first + 2
+                       else 1 + float(rng.uniform(0, 0.05)) for k in range(1, len(batches))]
     cases.append(("se aparta, vuelve a quedar dentro de la tolerancia y se aparta de nuevo",
-                  batches, meas, pred, 0.1))
+                  batches, measured(batches, costs, factors, overhead), costs, bw, peak, 0.1))
     # 5. Exactly at the boundary (dyadic numbers, exact in binary): equal is not beyond.
-    batches5 = [2, 4, 8, 16, 32, 64]
-    p = 2.0**-7
-    pred = [p] * 6
-    meas = [p, 1.125 * p, 1.25 * p, 1.25 * p, 1.5 * p, 2.0 * p]
-    cases.append(("medida exactamente en el límite predicted × (1 + tolerance)", batches5, meas,
-                  pred, 0.25))
-    # 6. Irregular batch sizes, a rising prediction and a tolerance of zero.
-    batches6 = [1, 3, 5, 12, 24, 48, 96]
-    pred = [floor * (1 + 0.004 * b) for b in batches6]
+    #    Reading takes 2**-7 s at every batch; computing takes 2**-6 s at 8 and 2**-5 s at 16.
+    b5 = [1, 2, 4, 8, 16]
+    costs5 = [{"bytes": 2.0**23, "flops": f} for f in (2.0**30, 2.0**31, 2.0**32, 2.0**34,
+                                                       2.0**35)]
+    u = 2.0**-8  # measured batch 1: 3u, so the overhead is u and the predictions 3u, 3u, 3u, 5u, 9u
+    meas5 = [3 * u, 3.75 * u, 3.5 * u, 6.25 * u, 12 * u]
+    cases.append(("medida exactamente en el límite de la tolerancia en los lotes 2 y 8", b5,
+                  meas5, costs5, 2.0**30, 2.0**40, 0.25))
+    # 6. Irregular batch sizes, a long context, a tolerance of zero.
+    b6 = [1, 3, 5, 12, 24, 48, 96]
+    costs6 = _costs(get_preset("qwen2.5-0.5b"), "bf16", b6, 512)
     cut = int(rng.integers(2, 6))
-    meas = [q * (1 - float(rng.uniform(0.001, 0.02))) if k < cut else q * 1.01
-            for k, q in enumerate(pred)]
-    cases.append(("lotes irregulares, predicción creciente, tolerancia 0", batches6, meas, pred,
-                  0.0))
+    factors = [1.0] + [1 - float(rng.uniform(0.001, 0.02)) if k < cut else 1.01
+                       for k in range(1, len(b6))]
+    cases.append(("lotes irregulares, contexto largo, tolerancia 0", b6,
+                  measured(b6, costs6, factors, overhead), costs6, bw, peak, 0.0))
     return cases
 
 
 def check_departure_batch(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
-    """``fn(batch_sizes, measured_s, predicted_s, tolerance) -> int | None``, as
-    ``reference_departure_batch``."""
-    name = "lote en que la medida se aparta del techo"
-    cases = departure_cases(seed)
-    for i, (what, batches, meas, pred, tol) in enumerate(cases):
-        expected = reference_departure_batch(batches, meas, pred, tol)
-        label = f"{what}; lotes {batches}, tolerancia {es(tol, 2)}"
-        got, crash = call_student(name, fn, list(batches), list(meas), list(pred), tol)
+    """``fn(batch_sizes, measured_s, step_costs, bandwidth_bytes_per_s, peak_flops, tolerance)
+    -> int | None``, as ``reference_departure_batch``."""
+    name = "lote en que la medida se aparta del roofline"
+    for i, (what, batches, meas, costs, bw, peak, tol) in enumerate(departure_cases(seed)):
+        expected = reference_departure_batch(batches, meas, costs, bw, peak, tol)
+        label = (f"{what}; lotes {batches}, ancho de banda {_num(bw / 1e9, 4)} GB/s, pico "
+                 f"{_num(peak / 1e9, 4)} GFLOP/s, tolerancia {es(tol, 2)}")
+        got, crash = call_student(name, fn, list(batches), list(meas), [dict(c) for c in costs],
+                                  bw, peak, tol)
         if crash:
             return finish(failed(name, i, label, crash), raise_on_fail)
         ok_type = got is None or (_is_number(got) and float(got).is_integer())
         if not ok_type:
-            return finish(failed(name, i, label, f"devolvió {got!r} ({type(got).__name__}); se "
-                                 "espera un tamaño de lote (int) o None."), raise_on_fail)
+            return finish(failed(name, i, label, f"devolvió {es_value(got)} "
+                                 f"({type(got).__name__}); se espera un tamaño de lote (int) o "
+                                 "None."), raise_on_fail)
         if got != expected:
             shown = "None" if expected is None else str(expected)
-            hint = _departure_hint(got, expected, batches, meas, pred, tol)
+            hint = _departure_hint(got, expected, batches, meas, costs, bw, peak, tol)
             return finish(failed(name, i, label, f"se esperaba {shown} y su función devolvió "
-                                 f"{got!r}.", hint), raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+                                 f"{es_value(got)}.", hint), raise_on_fail)
+    return finish(passed(name, len(departure_cases(seed))), raise_on_fail)
 
 
 def _first(batches, flags):
     return next((b for b, f in zip(batches, flags) if f), None)
 
 
-def _departure_hint(got, expected, batches, meas, pred, tol) -> str:
+def _departure_hint(got, expected, batches, meas, costs, bw, peak, tol) -> str:
+    pred = calibrated_prediction(meas, costs, bw, peak)
     beyond = [m > p * (1 + tol) for m, p in zip(meas, pred)]
-    if got is not None and expected is None:
-        return "si ninguna medida supera la tolerancia, devuelva None (no 0 ni −1)."
     if expected is not None and got == batches.index(expected) and got != expected:
-        return (f"devolvió la posición en la lista; se pide el tamaño de lote, "
-                f"batch_sizes[{got}] = {expected}.")
+        return "Devolvió la posición en la lista; se pide el tamaño de lote."
+    if got == departure_from_prediction(batches, meas, calibrated_prediction(
+            meas, costs, bw, peak, "none"), tol):
+        return ("Su predicción no lleva sobrecarga. Calíbrela con el primer lote: lo que su paso "
+                "medido tarda de más sobre su roofline es un tiempo fijo por paso, y se suma a "
+                "la predicción de todos los lotes.")
+    if got == departure_from_prediction(batches, meas, calibrated_prediction(
+            meas, costs, bw, peak, "signed"), tol):
+        return ("El primer lote mide menos que su roofline: la sobrecarga calibrada es cero, no "
+                "negativa, porque un tiempo fijo por paso no puede restar.")
+    if got == departure_from_prediction(batches, meas, calibrated_prediction(
+            meas, costs, bw, peak, memory_only=True), tol):
+        return ("Su predicción solo cuenta la memoria: en los lotes grandes hacer los FLOP "
+                "puede tardar más que leer los bytes, y entonces manda el cálculo.")
+    if got is not None and expected is None and not any(beyond):
+        return "Si ninguna medida supera la tolerancia, devuelva None (no 0 ni −1)."
     if got == _first(batches, [m >= p * (1 + tol) for m, p in zip(meas, pred)]):
-        return ("una medida exactamente igual a predicted × (1 + tolerance) todavía está dentro: "
-                "use >, no >=.")
+        return ("Una medida exactamente igual al límite de la tolerancia todavía está dentro: "
+                "se pide superarlo.")
     if got == _first(batches, [m - p > tol for m, p in zip(meas, pred)]):
-        return ("la tolerancia es relativa: measured > predicted × (1 + tolerance), no "
-                "measured − predicted > tolerance (los tiempos están en segundos).")
+        return ("La tolerancia es relativa, una fracción de la predicción, no una cantidad de "
+                "segundos.")
     last = _first(batches[::-1], beyond[::-1])
     stays = next((b for k, b in enumerate(batches) if all(beyond[k:])), None)
     if got is not None and got in (last, stays):
-        return ("se pide el PRIMER lote que se aparta, aunque después la medida vuelva a quedar "
+        return ("Se pide el PRIMER lote que se aparta, aunque después la medida vuelva a quedar "
                 "dentro de la tolerancia.")
     if got is not None and got == _first(batches, [p > m * (1 + tol)
                                                    for m, p in zip(meas, pred)]):
-        return "se busca una medida MÁS LENTA que la predicción: measured > predicted × (1 + tol)."
-    return ("recorra los lotes en orden y devuelva el primero con measured > predicted × "
-            "(1 + tolerance); None si no hay ninguno.")
+        return "Se busca una medida MÁS LENTA que la predicción, no más rápida."
+    return ("Calibre la sobrecarga con el primer lote, prediga cada lote con ella y busque, en "
+            "orden, el primer lote cuya medida supera su predicción en más de la tolerancia "
+            "relativa.")

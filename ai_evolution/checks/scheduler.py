@@ -1,16 +1,44 @@
-"""Self-checks of the scheduler lab (chapter 5): the token split and the preemption victim."""
+"""Self-checks of the scheduler lab (chapter 5): the token split and the preemption victim.
+
+The victim exercise asks for three rules (``VICTIM_RULES``), each checked against
+``reference_victim`` step by step; ``compare_victim_rules`` then serves seeded workloads under
+memory pressure with each rule of the student's function (on the simulator: every count is
+deterministic) and measures what each costs: preemptions, recomputed tokens, the most times one
+request was preempted, and preemptions out of arrival order.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
-from ..engine import (KVCacheManager, LLMEngine, ModelRunner, SamplingParams, Scheduler,
+from ..engine import (KVCacheManager, LLMEngine, ModelRunner, Request, SamplingParams, Scheduler,
                       newest_unfinished, tokens_for)
+from ..engine.request import RequestStatus
 from ..sim import SimExecutor
 from . import CheckResult, call_student, failed, finish, passed
 from ._engine import TOY_CONFIG, TOY_COST, trace
+
+# The victim rules of the exercise: name -> what it preempts (Spanish, shown to the student).
+VICTIM_RULES = {
+    "newest": "la admitida más recientemente (la regla de vLLM: prioridad al primero que llegó)",
+    "fewest_computed": "la que tiene menos tokens calculados (la que menos trabajo tira)",
+    "most_computed": "la que tiene más tokens calculados (la que más bloques libera de una vez)",
+}
+
+
+def reference_victim(running: Sequence[Request], rule: str) -> Request:
+    """The unfinished request of ``running`` (in admission order) that ``rule`` preempts; a tie
+    in computed tokens goes to the most recently admitted. The autograder's reference for the
+    victim exercise."""
+    if rule not in VICTIM_RULES:
+        raise ValueError(f"regla de víctima {rule!r} desconocida; aceptadas: {', '.join(VICTIM_RULES)}")
+    if rule == "newest":
+        return newest_unfinished(running)
+    live = [(k, r) for k, r in enumerate(running) if not r.is_finished]
+    sign = 1 if rule == "most_computed" else -1
+    return max(live, key=lambda kr: (sign * kr[1].num_computed_tokens, kr[0]))[1]
 
 
 def _workloads(seed: int) -> list[dict]:
@@ -50,22 +78,27 @@ def _label(case: dict) -> str:
 
 def _compare(name: str, kw_student: dict, kw_ref: dict, seed: int, model, raise_on_fail: bool,
              hint: Callable[[tuple, tuple], str]) -> CheckResult:
+    return finish(_compare_result(name, kw_student, kw_ref, seed, model, hint), raise_on_fail)
+
+
+def _compare_result(name: str, kw_student: dict, kw_ref: dict, seed: int, model,
+                    hint: Callable[[tuple, tuple], str]) -> CheckResult:
     cases = _workloads(seed)
     for i, case in enumerate(cases):
         expected = trace(*_engine(case, **kw_ref))  # on the simulator: only the schedule matters
         engine, items = _engine(case, **kw_student)
         got, crash = call_student(name, trace, engine, items)
         if crash:
-            return finish(failed(name, i, _label(case), crash), raise_on_fail)
+            return failed(name, i, _label(case), crash)
         for step, (e, g) in enumerate(zip(expected, got)):
             if e != g:
-                return finish(failed(name, i, _label(case),
-                                     f"en el paso {step} la referencia ejecuta {e[2]} (id, tokens) y "
-                                     f"expulsa {e[3]}; con su función se ejecuta {g[2]} y se expulsa {g[3]}.",
-                                     hint(e, g)), raise_on_fail)
+                return failed(name, i, _label(case),
+                              f"en el paso {step} la referencia ejecuta {e[2]} (id, tokens) y "
+                              f"expulsa {e[3]}; con su función se ejecuta {g[2]} y se expulsa {g[3]}.",
+                              hint(e, g))
         if len(expected) != len(got):
-            return finish(failed(name, i, _label(case), f"la referencia termina en {len(expected)} "
-                                 f"pasos y con su función en {len(got)}."), raise_on_fail)
+            return failed(name, i, _label(case), f"la referencia termina en {len(expected)} "
+                          f"pasos y con su función en {len(got)}.")
     detail = ""
     if model is not None:
         case = {"width": 4, "budget": 12, "blocks": 10, "prompts": [9, 30, 5, 17, 22],
@@ -75,28 +108,141 @@ def _compare(name: str, kw_student: dict, kw_ref: dict, seed: int, model, raise_
         engine, items = _engine(case, model=model, **kw_student)
         mine, crash = call_student(name, engine.run, items)
         if crash:
-            return finish(failed(name, len(cases), "motor real", crash), raise_on_fail)
+            return failed(name, len(cases), "motor real", crash)
         for j, (e, g) in enumerate(zip(ref, [r.output_token_ids for r in mine])):
             if e != g:
-                return finish(failed(name, len(cases), "motor real", f"la petición {j} genera {g} y con "
-                                     f"la referencia {e}."), raise_on_fail)
+                return failed(name, len(cases), "motor real", f"la petición {j} genera {g} y con "
+                              f"la referencia {e}.")
         detail = "En el motor real produce los mismos tokens que la referencia."
-    return finish(passed(name, len(cases) + (model is not None), detail), raise_on_fail)
+    return passed(name, len(cases) + (model is not None), detail)
 
 
 def check_token_split(fn: Callable, seed: int = 0, model=None, raise_on_fail: bool = True) -> CheckResult:
     """``fn(want, budget, chunked) -> tokens`` must schedule like ``tokens_for``."""
     def hint(e, g):
-        return ("si lo que la petición necesita cabe en lo que queda, déselo entero; si no, con "
-                "prefill troceado dele lo que queda (un entero) y sin él, 0.")
+        return ("compare lo que la petición necesita con lo que queda del presupuesto del paso. Si "
+                "cabe, lo recibe todo (también cuando necesita exactamente lo que queda); si no "
+                "cabe, con prefill troceado recibe la parte entera de lo que queda, y sin prefill "
+                "troceado, o si no queda ni un token entero, no recibe nada y espera al paso "
+                "siguiente.")
     return _compare("reparto del presupuesto de tokens", {"token_fn": fn}, {"token_fn": tokens_for},
                     seed, model, raise_on_fail, hint)
 
 
+def _with_rule(fn: Callable, rule: str) -> Callable:
+    """``fn(running, rule)`` as the scheduler's ``victim_fn(running)``."""
+    def victim_fn(running):
+        return fn(running, rule)
+    return victim_fn
+
+
+def _batch(spec: list[tuple[bool, int, int]]) -> list[Request]:
+    """Running requests from (finished?, computed tokens, total tokens), in admission order."""
+    out = []
+    for j, (done, computed, total) in enumerate(spec):
+        r = Request(f"p{j}", list(range(1, total + 1)), SamplingParams(max_tokens=4))
+        r.status = RequestStatus.FINISHED if done else RequestStatus.RUNNING
+        r.num_computed_tokens = computed
+        out.append(r)
+    return out
+
+
+def _victim_hint(fn: Callable, rule: str) -> str:
+    """What the student's rule does wrong, found by asking it about small known batches of
+    (finished?, computed tokens, total tokens)."""
+    def wrong(spec):
+        running = _batch(spec)
+        try:
+            got = fn(list(running), rule)
+        except NotImplementedError:
+            raise
+        except Exception:  # noqa: BLE001 - the step-by-step comparison already named the case
+            return None
+        return got if got is not reference_victim(running, rule) else None
+
+    for spec in ([(False, 5, 12), (False, 9, 12), (True, 3, 12)], [(True, 1, 12), (False, 4, 12)]):
+        if getattr(wrong(spec), "is_finished", False):
+            return ("eligió una petición que ya terminó: sigue en running hasta que se retira, pero "
+                    "no se puede expulsar; la víctima sale de las que no han terminado.")
+    if rule == "newest":
+        return ("con la regla 'newest' la víctima es la admitida más tarde de las que no han "
+                "terminado: running llega en orden de entrada.")
+    if wrong([(False, 2, 10), (False, 8, 30)]) or wrong([(False, 8, 30), (False, 2, 10)]):
+        fewest = rule == "fewest_computed"
+        return (f"con la regla {rule!r} la víctima es la que {'menos' if fewest else 'más'} tokens "
+                f"calculados tiene, no la que {'más' if fewest else 'menos'}.")
+    if wrong([(False, 2, 30), (False, 8, 10)]) or wrong([(False, 8, 10), (False, 2, 30)]):
+        return ("se compara lo que la expulsión tiraría, los tokens ya calculados "
+                "(num_computed_tokens), no los tokens totales de la petición.")
+    if wrong([(False, 4, 12), (False, 4, 12), (False, 4, 12)]):
+        return "en un empate de tokens calculados, la víctima es la admitida más tarde."
+    return f"vuelva a leer la regla {rule!r}: {VICTIM_RULES[rule]}."
+
+
 def check_victim(fn: Callable, seed: int = 0, model=None, raise_on_fail: bool = True) -> CheckResult:
-    """``fn(running) -> Request`` must choose the same preemption victims as ``newest_unfinished``."""
-    def hint(e, g):
-        return ("expulse la petición admitida más recientemente que no haya terminado: recorra "
-                "running desde el final y salte las que tienen is_finished.")
-    return _compare("elección de la víctima", {"victim_fn": fn}, {"victim_fn": newest_unfinished},
-                    seed, model, raise_on_fail, hint)
+    """``fn(running, rule) -> Request`` must choose, for every rule of ``VICTIM_RULES``, the same
+    preemption victims as ``reference_victim``, step by step on seeded workloads (and give the
+    same tokens on the real engine with ``model``)."""
+    name = "elección de la víctima"
+    cases = 0
+    for rule in VICTIM_RULES:
+        result = _compare_result(f"{name} con la regla {rule!r}", {"victim_fn": _with_rule(fn, rule)},
+                                 {"victim_fn": _with_rule(reference_victim, rule)}, seed, model,
+                                 lambda e, g, rule=rule: _victim_hint(fn, rule))
+        if not result.passed:
+            return finish(result, raise_on_fail)
+        cases += result.cases
+    detail = (f"Las {len(VICTIM_RULES)} reglas eligen las mismas víctimas que la referencia"
+              + (" y dan los mismos tokens en el motor real." if model is not None else "."))
+    return finish(passed(name, cases, detail), raise_on_fail)
+
+
+# --- what each rule costs ------------------------------------------------------------------------
+def _pressure_workloads(seed: int) -> list[dict]:
+    """Seeded workloads that preempt often: twelve requests in a pool of 24 blocks of 4 tokens,
+    one of them a long prompt (44 tokens) admitted in the second half of the queue."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for _ in range(4):
+        n = 12
+        prompts, outputs = rng.integers(4, 32, n).tolist(), rng.integers(4, 24, n).tolist()
+        late = int(rng.integers(n // 2, n))
+        prompts[late], outputs[late] = 44, int(rng.integers(8, 20))
+        cases.append({"width": 6, "chunked": True, "budget": 24, "blocks": 24, "prompts": prompts,
+                      "outputs": outputs})
+    return cases
+
+
+def compare_victim_rules(fn: Callable, seed: int = 0) -> list[dict]:
+    """Serve ``_pressure_workloads(seed)`` with each rule of ``fn(running, rule)`` on the simulator
+    and add up, per rule: ``preemptions``, ``recomputed_tokens`` (the work preemption threw away),
+    ``max_preemptions`` (the most times one request was preempted), ``out_of_order`` (preemptions
+    of a request that arrived before another one that stayed in the batch) and ``steps``. Every
+    request arrives at t = 0 in queue order, so arrival order is the order they were added."""
+    rows = []
+    for rule in VICTIM_RULES:
+        row = {"rule": rule, "preemptions": 0, "recomputed_tokens": 0, "max_preemptions": 0,
+               "out_of_order": 0, "steps": 0}
+        for case in _pressure_workloads(seed):
+            order: dict[str, int] = {}  # request id -> arrival order, read once all have arrived
+            served: dict = {}
+
+            def victim_fn(running, rule=rule, order=order, served=served):
+                victim = fn(running, rule)
+                if not order:
+                    order.update({rid: k for k, rid in enumerate(served["engine"].requests)})
+                if any(order[r.request_id] > order[victim.request_id] for r in running
+                       if r is not victim and not r.is_finished):
+                    row["out_of_order"] += 1
+                return victim
+
+            engine, items = _engine(case, victim_fn=victim_fn)
+            served["engine"] = engine
+            requests = engine.run(items)
+            row["preemptions"] += engine.scheduler.num_preemptions
+            row["recomputed_tokens"] += engine.scheduler.preempted_tokens
+            row["max_preemptions"] = max(row["max_preemptions"],
+                                         max(r.num_preemptions for r in requests))
+            row["steps"] += len(engine.history)
+        rows.append(row)
+    return rows

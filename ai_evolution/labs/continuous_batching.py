@@ -329,8 +329,8 @@ def simulator_consequence(claim: claims.Claim) -> str:
     """What the validation's verdict means for the datacenter study that follows it."""
     if claim.outcome == claims.PASSED:
         return ("Con la validación superada, el mismo planificador y el mismo modelo de coste "
-                "pueden llevarse a otra máquina cambiando sus parámetros por los de la hoja "
-                "técnica; lo que esta prueba no cubre son los overheads de esa otra máquina.")
+                "pueden llevarse a otra máquina cambiando sus parámetros por los de la hoja de "
+                "datos; lo que esta prueba no cubre son las sobrecargas de esa otra máquina.")
     return ("La validación no se superó en esta ejecución: las predicciones de centro de datos "
             "que siguen no quedan validadas en esta máquina con este nivel de ruido. Léalas como lo "
             "que predice el modelo de coste, no como algo que esta ejecución respalde; repita el "
@@ -422,22 +422,22 @@ def report(model_info: dict, params: dict, rows: list[dict], validation: dict,
         _ev(identical_sentence(rows), all_identical, "bool"),
         verdicts["simulator"].evidence("fracción"),
         _ev(f"Simulado en una {datacenter['device']} con {datacenter['model']} en "
-            f"{datacenter['dtype']} (datos de la hoja técnica), el batching continuo da "
+            f"{datacenter['dtype']} (datos de la hoja de datos), el batching continuo da "
             f"{es(dc_wide['throughput_ratio'], 2)} veces el rendimiento del estático con tope "
             f"{dc_wide['cap']}.", dc_wide["throughput_ratio"], "x", "computed"),
     ]
     limitations = [
         threads_limitation(params.get("torch_threads", 0)),
         "En una CPU un paso con el lote lleno puede costar bastante más que uno medio vacío (las "
-        "matmul de pocas filas no salen gratis), y entonces la ganancia medida queda por debajo del "
+        "multiplicaciones de pocas filas no salen gratis), y entonces la ganancia medida queda por debajo del "
         "cociente de pasos; en una GPU limitada por memoria el paso casi no depende del lote.",
         "Nuestro batching estático no calcula las filas ya terminadas (una implementación con "
         "relleno, como generate de transformers, sí lo haría): la comparación favorece al estático.",
         "El prefill de las peticiones admitidas va en el mismo paso que la decodificación de las "
         "demás, sin presupuesto de tokens; el capítulo 5 lo trocea.",
         "El simulador se calibra con una carga y se valida con otra, servidas a la vez con varios "
-        "anchos de lote en esta máquina; que siga al motor aquí no dice nada de los overheads de "
-        "otra máquina.",
+        "anchos de lote en esta máquina; que siga al motor aquí no dice nada de las sobrecargas "
+        "de otra máquina.",
         datasheet_sim_limitation(),
         f"Los tiempos se miden en una máquina que puede estar compartida. Cada comparación entre "
         f"políticas usa {len(wide['static']['wall_s'])} pares intercalados y un intervalo bootstrap "

@@ -101,8 +101,8 @@ def evidence(statement: str, value: Any, unit: str, source: str = "computed",
 
 def datasheet_sim_limitation() -> str:
     """The limitation every lab that simulates a datacenter GPU from its datasheet must state."""
-    return ("El simulador de centro de datos usa el roofline de la hoja técnica sin overhead: es una "
-            "cota optimista del tiempo de cada paso, no una medida.")
+    return ("El simulador de centro de datos usa el roofline de la hoja de datos sin sobrecarga: es "
+            "una cota optimista del tiempo de cada paso, no una medida.")
 
 
 def timing_limitation(repeats: int) -> str:

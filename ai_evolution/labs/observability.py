@@ -364,14 +364,14 @@ SPREAD_CRITERION = 2.0  # "p99 of one short run is not a stable number": max/min
 
 
 def spread_claim(spread: dict, where: str) -> claims.Claim:
-    """Do repeated runs at one rate disagree on their TTFT p99 (the seed's phenomenon)?"""
+    """Do repeated runs at one rate disagree on their TTFT p99 (class 000's phenomenon)?"""
     return claims.threshold(
         spread["ratio"], SPREAD_CRITERION, below=False, scale=1, unit="veces", decimals=1,
         what=f"{where}, el mayor TTFT p99 de las ejecuciones repetidas entre el menor",
         passed=("el p99 de una sola ejecución corta no es un número estable: es el fenómeno de "
-                "la semilla, reproducido"),
+                "la clase 000 del curso, reproducido"),
         failed=("aquí las ejecuciones repetidas apenas discrepan: con estos parámetros el "
-                "fenómeno de la semilla no se reproduce"))
+                "fenómeno de la clase 000 del curso no se reproduce"))
 
 
 def coordinated_omission(measured: dict) -> claims.Claim:
@@ -466,9 +466,9 @@ def report(model_name: str, params: dict, measured: dict, simulated: dict) -> di
         f"Con {n} peticiones por ejecución, el p99 se apoya en las {top + 1} mayores: no dice nada "
         "de la cola más allá del máximo observado, y dos ejecuciones iguales pueden diferir varias "
         "veces; el intervalo bootstrap supone peticiones independientes, y en una cola no lo son.",
-        "Una prueba de 60 peticiones (la de la semilla del curso) no establece la capacidad "
+        "Una prueba de 60 peticiones (la de la clase 000 del curso) no establece la capacidad "
         "sostenida (la cola no llega a su "
-        "régimen estable), ni el p99.9, ni el comportamiento con longitudes variables o llegadas "
+        "régimen estable), ni el p99,9, ni el comportamiento con longitudes variables o llegadas "
         "más irregulares que Poisson (ráfagas, ciclos diarios).",
         f"El objetivo es el motor en el mismo proceso ({model_name}, longitudes fijas): sin HTTP, "
         "tokenización, red ni streaming, y el generador de carga comparte la CPU con el servidor.",

@@ -24,9 +24,11 @@ from .profiles import resolve_profile
 # kind -> module that defines SPEC and run(); modules are imported on first use.
 _LABS: dict[str, str] = {
     "continuous_batching": "ai_evolution.labs.continuous_batching",
+    "flash_attention": "ai_evolution.labs.flash_attention",
     "kv_cache": "ai_evolution.labs.kv_cache",
     "observability": "ai_evolution.labs.observability",
     "paged_attention": "ai_evolution.labs.paged_attention",
+    "quantization": "ai_evolution.labs.quantization",
     "roofline": "ai_evolution.labs.roofline",
     "scheduler": "ai_evolution.labs.scheduler",
 }

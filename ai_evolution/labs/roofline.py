@@ -51,10 +51,15 @@ def reference_roofline(config, dtype: str, batch_size: int, context_len: int,
 
 
 def reference_predict(step_bytes: float, step_flops: float, bandwidth_bytes_per_s: float,
-                      peak_flops: float, overhead_s: float) -> float:
-    """The library's answer to exercise 2: ``max(bytes / BW, flops / peak) + overhead``."""
-    return RooflineCostModel(bandwidth_bytes_per_s, peak_flops, overhead_s).step_time_s(
-        StepCost(flops=step_flops, weight_bytes=step_bytes, kv_bytes=0.0))
+                      peak_flops: float, overhead_s: float) -> dict:
+    """The library's answer to exercise 2: ``time_s`` = ``max(bytes / BW, flops / peak) +
+    overhead``, the ``bound`` ("memory" or "compute", the slower limit; memory at a tie) and the
+    ``ridge_intensity`` (FLOP/byte) at which the two limits cross."""
+    t_mem, t_comp = step_bytes / bandwidth_bytes_per_s, step_flops / peak_flops
+    return {"time_s": RooflineCostModel(bandwidth_bytes_per_s, peak_flops, overhead_s).step_time_s(
+                StepCost(flops=step_flops, weight_bytes=step_bytes, kv_bytes=0.0)),
+            "bound": "compute" if t_comp > t_mem else "memory",
+            "ridge_intensity": ridge_point(peak_flops, bandwidth_bytes_per_s)}
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -278,7 +283,8 @@ def analyse_batching(measured: dict, config, dtype_name: str, step: dict,
                      predict_fn: Callable = reference_predict) -> dict:
     """The batching curve against the roofline prediction calibrated on the batch-1 step.
 
-    ``predict_fn(bytes, flops, bandwidth, peak, overhead)`` is exercise 2's function. The
+    ``predict_fn(bytes, flops, bandwidth, peak, overhead)`` is exercise 2's function (its
+    ``time_s``; a bare number of seconds is accepted too). The
     overhead is what the measured batch-1 step (median) takes beyond the roofline; the
     prediction uses the read probe's bandwidth and the matmul probe's peak. ``ratio_boot``
     holds measured / predicted per batch size on rounds resampled together (``claims.N_BOOT``
@@ -287,12 +293,15 @@ def analyse_batching(measured: dict, config, dtype_name: str, step: dict,
     samples = np.asarray(measured["decode_step_s"], dtype=np.float64)  # [batch, round]
     bw, peak = step["bandwidth_bytes_per_s"], step["peak_flops"]
     rooflines = [roofline_fn(config, dtype_name, b, mid_context(measured), bw) for b in batches]
-    base = predict_fn(rooflines[0]["bytes"], rooflines[0]["flops"], bw, peak, 0.0)
+    def seconds(r, overhead: float) -> float:
+        out = predict_fn(r["bytes"], r["flops"], bw, peak, overhead)
+        return float(out["time_s"] if isinstance(out, dict) else out)
+
+    base = seconds(rooflines[0], 0.0)
 
     def predict(medians: np.ndarray) -> tuple[float, list[float]]:
         overhead = max(0.0, float(medians[0]) - base)
-        return overhead, [predict_fn(r["bytes"], r["flops"], bw, peak, overhead)
-                          for r in rooflines]
+        return overhead, [seconds(r, overhead) for r in rooflines]
 
     medians = np.median(samples, axis=1)
     overhead, predicted = predict(medians)
@@ -462,8 +471,9 @@ def report(config, dtype_name: str, params: dict, measured: dict, step: dict,
         f"{probes['gemv_shape'][1]}); las matrices del modelo tienen otras formas y su GEMV puede "
         "leer algo más deprisa o más despacio.",
         timing_limitation(reps),
-        "La predicción de la curva usa el pico de una matmul cuadrada grande; las matmul con "
-        "pocas filas de la decodificación no lo alcanzan, y eso es parte de lo que la curva muestra.",
+        "La predicción de la curva usa el pico de una multiplicación de matrices cuadrada grande; "
+        "las multiplicaciones con pocas filas de la decodificación no lo alcanzan, y eso es "
+        "parte de lo que la curva muestra.",
         "Los pasos se miden con la caché llena de valores aleatorios en lugar de un prefill: el "
         "trabajo de un paso depende de cuántas posiciones atiende, no de lo que contienen.",
     ]

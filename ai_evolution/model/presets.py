@@ -22,6 +22,15 @@ _PRESETS: dict[str, ModelConfig] = {
         rms_norm_eps=1e-5, max_position_embeddings=131072,
         source=_HF.format("meta-llama/Llama-3.1-8B"),
     ),
+    # Same tokenizer (vocabulary 128256) as Llama 3.1: the draft model of chapter 9's prediction.
+    "llama-3.2-1b": ModelConfig(
+        name="llama-3.2-1b", model_type="llama", num_layers=16, hidden_size=2048, num_heads=32,
+        num_kv_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=131072,
+        source=_HF.format("meta-llama/Llama-3.2-1B"),
+    ),
     "llama-3.1-70b": ModelConfig(
         name="llama-3.1-70b", model_type="llama", num_layers=80, hidden_size=8192, num_heads=64,
         num_kv_heads=8, intermediate_size=28672, vocab_size=128256, rope_theta=500000.0,

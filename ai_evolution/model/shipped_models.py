@@ -4,10 +4,12 @@ the training record). Presets, checkpoints and tokenizers all resolve shipped na
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 SHIPPED_ROOT = Path(__file__).resolve().parent / "shipped"
-SHIPPED_MODELS = ("tiny-es",)
+SHIPPED_MODELS = ("tiny-es", "tiny-es-draft")
+HELD_OUT_FILE = "held_out.json"  # the validation split, written by scripts/export_held_out.py
 
 
 def shipped_names() -> list[str]:
@@ -26,3 +28,14 @@ def shipped_model_dir(name: str) -> Path:
             "reinstale ai_evolution o regenere los pesos incluidos (scripts/train_tiny_es.py)"
         )
     return folder
+
+
+def held_out_tokens(name: str = "tiny-es") -> list[list[int]]:
+    """The token ids of a shipped model's validation split, one list per corpus file: text its
+    training never saw (``held_out.json``, written by ``scripts/export_held_out.py``)."""
+    path = shipped_model_dir(name) / HELD_OUT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"el modelo incluido {name!r} no trae {HELD_OUT_FILE}; "
+                                "genérelo con scripts/export_held_out.py")
+    record = json.loads(path.read_text(encoding="utf-8"))
+    return [f["tokens"] for f in record["files"]]

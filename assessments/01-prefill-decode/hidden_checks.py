@@ -8,9 +8,8 @@ import math
 
 from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import roofline as checks
+from ai_evolution.fmt import es_sig, es_value
 from ai_evolution.grading import hidden, public
-from ai_evolution.hardware import get_device_spec
-from ai_evolution.sim import departure_batch as reference_departure
 
 
 def decode_roofline(fn, ctx):
@@ -27,22 +26,22 @@ def predict_step(fn, ctx):
 
 
 def _predict_edges(fn, raise_on_fail=False):
-    """Exactly at the ridge point, no FLOPs, no bytes."""
-    name = "tiempo de un paso según el techo (casos límite)"
-    cases = [(1e9, 1e12, 1e12, 1e15, 0.0),      # both limits equal: 1 ms
+    """Exactly at the ridge point (a tie: memory), no FLOPs, no bytes, neither."""
+    name = "tiempo de un paso según el roofline (casos límite)"
+    cases = [(1e9, 1e12, 1e12, 1e15, 0.0),      # both limits take 1 ms: memory still binds
              (5e8, 0.0, 2e12, 1e14, 1e-4),      # no FLOPs: memory only
              (0.0, 3e12, 1e12, 6e13, 2e-5),     # no bytes: compute only
+             (0.0, 0.0, 1e12, 6e13, 3e-4),      # an empty step: only the overhead
              (7.5e10, 7.5e10, 3.35e12, 9.89e14, 0.0)]
     for i, (b, f, bw, peak, over) in enumerate(cases):
-        expected = checks.reference_predict_step(b, f, bw, peak, over)
         got, crash = call_student(name, fn, b, f, bw, peak, over)
-        label = f"{b:g} bytes, {f:g} FLOP, {bw:g} B/s, pico {peak:g} FLOP/s, overhead {over:g} s"
+        label = (f"{es_sig(b)} bytes, {es_sig(f)} FLOP, {es_sig(bw)} B/s, pico {es_sig(peak)} "
+                 f"FLOP/s, sobrecarga {es_sig(over)} s")
         if crash:
             return failed(name, i, label, crash)
-        if not isinstance(got, (int, float)) or not math.isclose(float(got), expected,
-                                                                 rel_tol=1e-9):
-            return failed(name, i, label, f"se esperaban {expected:g} s y su función devolvió "
-                          f"{got!r}.")
+        wrong = checks.compare_predict(got, b, f, bw, peak, over)
+        if wrong:
+            return failed(name, i, label, *wrong)
     return passed(name, len(cases))
 
 
@@ -54,43 +53,61 @@ def departure_batch(fn, ctx):
 
 
 def _departure_edges(fn, raise_on_fail=False):
-    """One point; a departure at the last point only; batch sizes that are not powers of two."""
-    name = "lote en que la medida se aparta del techo (casos límite)"
-    cases = [([1], [0.02], [0.01], 0.5),
-             ([1], [0.0149], [0.01], 0.5),
-             ([3, 6, 12, 24], [1.0, 1.0, 1.0, 1.3], [1.0, 1.0, 1.0, 1.0], 0.25),
-             ([2, 5, 7], [0.5, 0.5, 0.5], [1.0, 1.0, 1.0], 0.0)]
-    for i, (b, m, p, tol) in enumerate(cases):
-        expected = reference_departure(b, m, p, tol)
-        got, crash = call_student(name, fn, list(b), list(m), list(p), tol)
-        label = f"lotes {b}, medidas {m}, predicciones {p}, tolerancia {tol}"
+    """One point (it calibrates itself: never departs); a departure at the last point only;
+    batch sizes that are not powers of two; a first batch below its roofline."""
+    name = "lote en que la medida se aparta del roofline (casos límite)"
+    u = 2.0**-8
+    read = {"bytes": 2.0**23, "flops": 0.0}  # 2**-7 s at 2**30 B/s
+    cases = [([1], [0.02], [read], 2.0**30, 2.0**40, 0.5),
+             ([3, 6, 12, 24], [3 * u, 3 * u, 3 * u, 4 * u], [read] * 4, 2.0**30, 2.0**40, 0.25),
+             ([2, 5, 7], [3 * u, 3.5 * u, 4 * u], [read] * 3, 2.0**30, 2.0**40, 0.25),
+             ([1, 2, 4], [u, 2.5 * u, 2.75 * u], [read] * 3, 2.0**30, 2.0**40, 0.25)]
+    for i, (b, m, costs, bw, peak, tol) in enumerate(cases):
+        expected = checks.reference_departure_batch(b, m, costs, bw, peak, tol)
+        got, crash = call_student(name, fn, list(b), list(m), [dict(c) for c in costs], bw, peak,
+                                  tol)
+        label = (f"lotes {b}, medidas {es_value(m)} s, cada paso lee {es_sig(read['bytes'])} "
+                 f"bytes a {es_sig(bw)} B/s, tolerancia {es_sig(tol)}")
         if crash:
             return failed(name, i, label, crash)
         if got != expected:
-            return failed(name, i, label, f"se esperaba {expected!r} y su función devolvió {got!r}.")
+            return failed(name, i, label, f"se esperaba {expected!r} y su función devolvió "
+                          f"{es_value(got)}.")
     return passed(name, len(cases))
 
 
 def extension(ext, contract, ctx):
-    yield hidden(_quantized_floors, ext)
+    yield hidden(_dtype_floors, ext)
 
 
-def _quantized_floors(ext, raise_on_fail=False):
-    """int4 halves the int8 floor (every byte of the step halves); the seed's efficiency is the
-    cited 42,6 tokens/s against its datasheet floor for 5,38 GB."""
-    name = "reto: suelos cuantizados"
+def _dtype_floors(ext, raise_on_fail=False):
+    """Every byte a decode step reads (weights and KV cache) halves from 32 to 16 bits; the
+    measured ratio is the ratio of the two medians, inside its own interval; no step beats its
+    floor by much."""
+    name = "reto: suelo y paso en 32 y 16 bits"
     m = ext["measurement"]
-    ratio = m["floor_int8_ms"] / m["floor_int4_ms"]
-    if not math.isclose(ratio, 2.0, rel_tol=1e-6):
-        return failed(name, 0, "floor_int8_ms / floor_int4_ms", f"con la mitad de bytes por "
-                      f"elemento el suelo se divide por 2, y el cociente medido es {ratio:.6g}.")
-    laptop = get_device_spec("apple-m5-pro-laptop")
-    expected = 5.38e9 / laptop.bandwidth_bytes_per_s * 42.6
-    if not math.isclose(m["seed_efficiency"], expected, rel_tol=1e-3):
-        return failed(name, 1, "seed_efficiency", f"con 5,38 GB, el ancho de banda del preset y "
-                      f"42,6 tokens/s la eficiencia es {expected:.4f}, y measurement dice "
-                      f"{m['seed_efficiency']!r}.")
-    if not 0 < m["measured_efficiency"] <= 1.5:
-        return failed(name, 2, "measured_efficiency", f"una eficiencia de "
-                      f"{m['measured_efficiency']!r} no es una fracción del suelo.")
-    return passed(name, 3)
+    if not math.isclose(m["bytes_ratio"], 2.0, rel_tol=1e-6):
+        return failed(name, 0, "bytes_ratio", f"de 32 a 16 bits por elemento, los bytes del paso "
+                      f"(pesos y caché KV) se dividen por 2, y measurement dice "
+                      f"{es_value(m['bytes_ratio'])}.")
+    floors = m["fp32_floor_ms"] / m["half_floor_ms"]
+    if not math.isclose(floors, m["bytes_ratio"], rel_tol=1e-6):
+        return failed(name, 1, "fp32_floor_ms / half_floor_ms", f"con el mismo ancho de banda, "
+                      f"los suelos guardan el cociente de los bytes, y el suyo es {es_sig(floors)}.")
+    ratio = m["fp32_step_ms"] / m["half_step_ms"]
+    if not math.isclose(m["time_ratio"], ratio, rel_tol=1e-6):
+        return failed(name, 2, "time_ratio", f"el cociente de las medianas medidas es "
+                      f"{es_sig(ratio)} y measurement dice {es_value(m['time_ratio'])}.")
+    if not m["time_ratio_low"] <= m["time_ratio"] <= m["time_ratio_high"]:
+        return failed(name, 3, "time_ratio_low, time_ratio_high", "el intervalo del cociente "
+                      "debe contener el cociente medido.")
+    if m["repeats"] < 2 or m["repeats"] != int(m["repeats"]):
+        return failed(name, 4, "repeats", f"con {es_value(m['repeats'])} rondas no se puede "
+                      "separar una diferencia del ruido: hacen falta al menos 2.")
+    for i, key in enumerate(("fp32", "half"), start=5):
+        eff = m[f"{key}_floor_ms"] / m[f"{key}_step_ms"]
+        if not 0 < eff <= 1.5:
+            return failed(name, i, f"{key}_floor_ms / {key}_step_ms", f"un paso medido "
+                          f"{es_sig(1 / eff if eff else float('inf'), 3)} veces su suelo no "
+                          "es una medida de este paso.")
+    return passed(name, 7)

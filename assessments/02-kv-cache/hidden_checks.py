@@ -10,6 +10,7 @@ import numpy as np
 
 from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import kv_cache as checks
+from ai_evolution.fmt import es_sig, es_value
 from ai_evolution.grading import hidden, public
 from ai_evolution.model import ModelConfig, get_preset, weight_bytes
 from ai_evolution.model import kv_bytes_per_token as reference_kv_bytes
@@ -39,8 +40,8 @@ def _kv_bytes_edges(fn, raise_on_fail=False):
             return failed(name, i, label, crash)
         if not isinstance(got, (int, float, np.number)) or not math.isclose(float(got), expected,
                                                                             rel_tol=1e-9):
-            return failed(name, i, label, f"se esperaban {expected:g} bytes y su función devolvió "
-                          f"{got!r}.")
+            return failed(name, i, label, f"se esperaban {es_sig(expected)} bytes y su función "
+                          f"devolvió {es_value(got)}.")
     return passed(name, len(cases))
 
 
@@ -89,7 +90,7 @@ def _fit_best_feasible(fn, raise_on_fail=False):
              ((1.0, -0.001, 0.0), "tiempos que bajan")]
     for i, ((c0, c1, c2), what) in enumerate(cases):
         t = c0 + c1 * n + c2 * n**2
-        label = f"{what}: t = {c0:g} + {c1:g}·n + {c2:g}·n², n de 8 a 192".replace(".", ",")
+        label = f"{what}: t = {es_sig(c0)} + {es_sig(c1)}·n + {es_sig(c2)}·n², n de 8 a 192"
         got, crash = call_student(name, fn, n.copy(), t.copy())
         if crash:
             return failed(name, i, label, crash)
@@ -105,40 +106,72 @@ def sequences_that_fit(fn, ctx):
 
 
 def _budget_edges(fn, raise_on_fail=False):
-    """Exact fits, weights that fill the GPU exactly, a utilization of 1 and fractional bytes."""
+    """Exact fits, one byte short, weights plus reserve that fill the GPU exactly, a block size
+    of one token, a context that is a whole number of blocks and one that is one token more."""
     name = "presupuesto de memoria (casos límite)"
     cfg = get_preset("llama-3.1-8b")
     w = weight_bytes(cfg, "bf16")
-    per_seq = reference_kv_bytes(cfg, "bf16") * 4096
-    cases = [(cfg, w + 5 * per_seq, 4096, 1.0, "bf16"),          # exactly five sequences
-             (cfg, w + 5 * per_seq - 1, 4096, 1.0, "bf16"),      # one byte short of five
-             (cfg, w, 4096, 1.0, "bf16"),                        # weights fill it: none
-             (cfg, w / 0.9, 1024, 0.9, "bf16"),                  # weights fill the usable part
-             (get_preset("qwen3-0.6b"), 12e9, 131072, 0.95, "int4")]
-    for i, (config, mem, ctx_len, util, dtype) in enumerate(cases):
-        expected = checks.reference_sequences_that_fit(config, mem, ctx_len, util, dtype)
-        got, crash = call_student(name, fn, config, mem, ctx_len, util, dtype)
-        label = f"{config.name}, {mem:.6g} bytes × {util}, contexto {ctx_len}, {dtype}"
+    block = reference_kv_bytes(cfg, "bf16") * 16
+    act = 2**30
+    cases = [(cfg, w + act + 5 * 256 * block, 1.0, act, "bf16", "bf16", 16, 4096),  # five exactly
+             (cfg, w + act + 5 * 256 * block - 1, 1.0, act, "bf16", "bf16", 16, 4096),  # 1 byte short
+             (cfg, w + act, 1.0, act, "bf16", "bf16", 16, 4096),      # weights and reserve fill it
+             (cfg, w + act + 5 * 256 * block, 1.0, act, "bf16", "bf16", 16, 4097),  # one block more
+             (cfg, w + 3 * 4096 * block / 16, 1.0, 0.0, "bf16", "bf16", 1, 4096),  # one-token blocks
+             (get_preset("qwen3-0.6b"), 12e9, 0.95, 0.0, "bf16", "int4", 16, 131072)]
+    for i, args in enumerate(cases):
+        got, crash = call_student(name, fn, *args)
+        label = checks.budget_label(*args)
         if crash:
             return failed(name, i, label, crash)
-        if got != expected:
-            return failed(name, i, label, f"se esperaban {expected} secuencias y su función "
-                          f"devolvió {got!r}.")
+        wrong = checks.compare_budget(got, args)
+        if wrong:
+            return failed(name, i, label, *wrong)
     return passed(name, len(cases))
 
 
 def extension(ext, contract, ctx):
-    yield hidden(_cache_bytes_measured, ext)
+    yield hidden(_context_cost, ext, ctx.params)
 
 
-def _cache_bytes_measured(ext, raise_on_fail=False):
-    """The challenge measures a real allocation: 4 sequences of 256 tokens of tiny-es."""
-    name = "reto: bytes de la caché contigua"
-    cfg = get_preset("tiny-es")
+def _context_cost(ext, params, raise_on_fail=False):
+    """The challenge's prediction is the KV cache the first decode step reads (the prompt and
+    the new token) in one of the dtypes tiny-es runs in; the long prompt is at least eight
+    times the short one and fits in the model; the measured ratio is the ratio of the medians,
+    inside its interval, over at least two interleaved rounds."""
+    name = "reto: lo que cuesta el contexto con caché"
     m = ext["measurement"]
-    for i, (key, dtype) in enumerate((("fp32_bytes", "fp32"), ("fp16_bytes", "fp16"))):
-        expected = reference_kv_bytes(cfg, dtype) * 4 * 256
-        if not math.isclose(float(m[key]), expected, rel_tol=1e-9):
-            return failed(name, i, key, f"la caché de 4 secuencias de 256 tokens de tiny-es en "
-                          f"{dtype} ocupa {expected:.0f} bytes y measurement dice {m[key]!r}.")
-    return passed(name, 2)
+    cfg = get_preset("tiny-es")
+    short, long_, new = (int(m[k]) for k in ("short_prompt_len", "long_prompt_len", "new_tokens"))
+    if long_ < 8 * short or short < 1:
+        return failed(name, 0, "long_prompt_len", f"el prompt largo ({long_} tokens) debe tener "
+                      f"al menos ocho veces los tokens del corto ({short}).")
+    if long_ + new > cfg.max_position_embeddings or new < 2:
+        return failed(name, 1, "long_prompt_len + new_tokens", f"{long_} + {new} tokens no caben "
+                      f"en las {cfg.max_position_embeddings} posiciones de tiny-es, o no hay "
+                      "pasos de decodificación que medir.")
+    per_token = [reference_kv_bytes(cfg, d) for d in ("fp32", "bf16", "fp16")]
+    if not any(math.isclose(m["short_kv_bytes"], p * (short + 1), rel_tol=1e-9) and
+               math.isclose(m["long_kv_bytes"], p * (long_ + 1), rel_tol=1e-9)
+               for p in per_token):
+        return failed(name, 2, "short_kv_bytes, long_kv_bytes", f"el primer paso lee la caché "
+                      f"del prompt y de su propio token: {short + 1} y {long_ + 1} posiciones "
+                      f"de {es_value(per_token[0])} bytes en fp32 (o la mitad en 16 bits), y "
+                      f"measurement dice {es_value(m['short_kv_bytes'])} y "
+                      f"{es_value(m['long_kv_bytes'])}.")
+    if not 1 < m["bytes_ratio"] < m["long_kv_bytes"] / m["short_kv_bytes"]:
+        return failed(name, 3, "bytes_ratio", f"el paso lee también los pesos, los mismos con las "
+                      f"dos longitudes, así que el cociente de sus bytes queda entre 1 y el de "
+                      f"la caché sola; measurement dice "
+                      f"{es_value(m['bytes_ratio'])}.")
+    ratio = m["long_ms_per_token"] / m["short_ms_per_token"]
+    if not math.isclose(m["time_ratio"], ratio, rel_tol=1e-6):
+        return failed(name, 4, "time_ratio", f"el cociente de las medianas medidas es "
+                      f"{es_sig(ratio)} y measurement dice {es_value(m['time_ratio'])}.")
+    if not m["time_ratio_low"] <= m["time_ratio"] <= m["time_ratio_high"]:
+        return failed(name, 5, "time_ratio_low, time_ratio_high", "el intervalo del cociente "
+                      "debe contener el cociente medido.")
+    if m["repeats"] < 2 or m["repeats"] != int(m["repeats"]):
+        return failed(name, 6, "repeats", f"con {es_value(m['repeats'])} rondas no se puede "
+                      "separar una diferencia del ruido: hacen falta al menos 2.")
+    return passed(name, 7)

@@ -11,6 +11,7 @@ import numpy as np
 from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import continuous_batching as checks
 from ai_evolution.engine import Request, SamplingParams
+from ai_evolution.fmt import es_sig, es_value
 from ai_evolution.grading import hidden, public
 from ai_evolution.metrics import summarize as reference_summarize
 
@@ -54,26 +55,38 @@ def _summarize_edges(fn, raise_on_fail=False):
             g = got.get(key) if isinstance(got, dict) else None
             if not isinstance(g, (int, float, np.number)) or \
                     not math.isclose(float(g), expected[key], rel_tol=1e-9):
-                return failed(name, i, label, f"{key}: se esperaba {expected[key]:.6g} y su "
-                              f"función devolvió {g!r}.")
+                return failed(name, i, label, f"{key}: se esperaba {es_sig(expected[key])} y su "
+                              f"función devolvió {es_value(g)}.")
     return passed(name, len(cases))
 
 
 def extension(ext, contract, ctx):
-    yield hidden(_gains, ext, ctx.params)
+    yield hidden(_gains, ext, ctx.params, ctx.seed)
 
 
-def _gains(ext, params, raise_on_fail=False):
-    """Three widths, the highest cap of the datacenter study, gains that are ratios."""
+WIDTHS = checks.CHALLENGE_WIDTHS
+
+
+def _gains(ext, params, seed, raise_on_fail=False):
+    """The highest cap of the datacenter study, the three widths' H_B, and the gains the
+    simulator gives for them (simulated again here: the challenge is measured, not typed)."""
     name = "reto: ganancia según el ancho del lote"
     m = ext["measurement"]
     cap = params["dc_caps"][-1]
     if m["cap"] != cap:
         return failed(name, 0, "cap", f"el reto usa el tope más alto, {cap}, y measurement dice "
-                      f"{m['cap']!r}.")
-    for i, b in enumerate((8, 32, 128), start=1):
-        g = m[f"gain_width_{b}"]
-        if not 0.5 < g < 50:
-            return failed(name, i, f"gain_width_{b}", f"una ganancia de {g!r} no es un cociente "
-                          "de rendimientos plausible.")
-    return passed(name, 4)
+                      f"{es_value(m['cap'])}.")
+    for i, b in enumerate(WIDTHS, start=1):
+        h_b = sum(1 / k for k in range(1, b + 1))
+        if not math.isclose(m[f"hb_width_{b}"], h_b, rel_tol=1e-9):
+            return failed(name, i, f"hb_width_{b}", f"H_{b} = {es_sig(h_b)} (la suma de 1/k "
+                          f"para k de 1 a {b}), y measurement dice {es_value(m[f'hb_width_{b}'])}.")
+    gains = checks.simulated_gains(params["dc_device"], params["dc_model"], params["dc_requests"],
+                            params["dc_prompt_len"], params["dc_mean_output"], cap,
+                            max(params["dc_caps"]), seed)
+    for i, b in enumerate(WIDTHS, start=1 + len(WIDTHS)):
+        if not math.isclose(m[f"gain_width_{b}"], gains[b], rel_tol=1e-6):
+            return failed(name, i, f"gain_width_{b}", f"el simulador de la sección 6 da una "
+                          f"ganancia de {es_sig(gains[b], 4)} veces con lote {b} y tope {cap}, y "
+                          f"measurement dice {es_value(m[f'gain_width_{b}'])}.")
+    return passed(name, 1 + 2 * len(WIDTHS))

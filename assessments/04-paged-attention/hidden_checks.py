@@ -8,6 +8,7 @@ from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import paged_attention as checks
 from ai_evolution.engine import BlockPool, KVCacheManager, Request, SamplingParams, hash_block
 from ai_evolution.engine import find_cached_prefix
+from ai_evolution.fmt import es_value
 from ai_evolution.grading import hidden, public
 
 
@@ -101,7 +102,8 @@ def _prefix_edges(fn, raise_on_fail=False):
             return failed(name, i, label, f"devolvió {got!r}; se espera una lista de KVBlock.")
         if got_ids != expected:
             return failed(name, i, label, f"se esperaban los bloques {expected} y su función "
-                          f"devolvió {got_ids}.")
+                          f"devolvió {got_ids}.",
+                          checks._prefix_hint(len(query), bs, expected, got_ids))
     return passed(name, len(cases))
 
 
@@ -117,8 +119,8 @@ def _block_sizes(ext, raise_on_fail=False):
         u, t = m[f"utilization_bs{b}"], m[f"tokens_per_s_bs{b}"]
         if not 0 < u <= 1:
             return failed(name, i, f"utilization_bs{b}", f"la utilización es una fracción de la "
-                          f"memoria reservada (0 a 1), y measurement dice {u!r}.")
+                          f"memoria reservada (0 a 1), y measurement dice {es_value(u)}.")
         if not t > 0:
             return failed(name, i, f"tokens_per_s_bs{b}", f"se esperan tokens/s positivos y "
-                          f"measurement dice {t!r}.")
+                          f"measurement dice {es_value(t)}.")
     return passed(name, 3)

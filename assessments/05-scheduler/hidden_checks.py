@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import scheduler as checks
-from ai_evolution.engine import Request, SamplingParams, newest_unfinished, tokens_for
-from ai_evolution.engine.request import RequestStatus
+from ai_evolution.engine import tokens_for
+from ai_evolution.fmt import es_value
 from ai_evolution.grading import hidden, public
 
 
@@ -27,14 +27,28 @@ def _split_edges(fn, raise_on_fail=False):
     for i, (want, budget, chunked) in enumerate(cases):
         expected = tokens_for(want, budget, chunked)
         got, crash = call_student(name, fn, want, budget, chunked)
-        label = f"want={want}, budget={budget}, chunked={chunked}"
+        label = f"want = {want}, budget = {es_value(budget)}, chunked = {chunked}"
         if crash:
             return failed(name, i, label, crash)
         if got != expected or isinstance(got, bool):
             return failed(name, i, label, f"se esperaban {expected} tokens y su función devolvió "
-                          f"{got!r}.", "si want <= budget, want; si no, int(budget) con prefill "
-                          "troceado y budget >= 1; si no, 0.")
+                          f"{es_value(got)}.", _split_hint(want, budget, chunked))
     return passed(name, len(cases))
+
+
+def _split_hint(want, budget, chunked) -> str:
+    if want == budget:
+        return "lo que la petición necesita es exactamente lo que queda: cabe, y lo recibe entero."
+    if want < budget:
+        return "la petición cabe en lo que queda del presupuesto: lo recibe entero."
+    if not chunked:
+        return ("sin prefill troceado, una petición que no cabe entera no recibe nada: espera al "
+                "paso siguiente.")
+    if budget < 1:
+        return ("con prefill troceado, el trozo es la parte entera de lo que queda; si no queda ni "
+                "un token entero, no hay trozo y la petición espera.")
+    return ("con prefill troceado, una petición que no cabe recibe la parte entera de lo que queda "
+            "del presupuesto (un número entero de tokens).")
 
 
 def victim(fn, ctx):
@@ -45,26 +59,46 @@ def victim(fn, ctx):
 
 
 def _victim_edges(fn, raise_on_fail=False):
-    """Finished requests at the end, in the middle, and only one unfinished left."""
+    """For every rule: finished requests at the end and in the middle, one unfinished left, and
+    ties in computed tokens (they go to the most recently admitted)."""
     name = "elección de la víctima (casos límite)"
-    patterns = ["rrrf", "rfrf", "rff", "frrr", "r", "ffrff"]  # r running, f finished; in order
-    for i, pattern in enumerate(patterns):
-        running = []
-        for k, p in enumerate(pattern):
-            r = Request(f"p{k}", [1, 2], SamplingParams(max_tokens=4))
-            r.status = RequestStatus.FINISHED if p == "f" else RequestStatus.RUNNING
-            running.append(r)
-        expected = newest_unfinished(running)
-        got, crash = call_student(name, fn, list(running))
-        label = "en curso, en orden de entrada: " + ", ".join(
-            f"{r.request_id}{' (terminada)' if r.is_finished else ''}" for r in running)
-        if crash:
-            return failed(name, i, label, crash)
-        if got is not expected:
-            shown = getattr(got, "request_id", got)
-            return failed(name, i, label, f"la víctima debía ser {expected.request_id} y su "
-                          f"función eligió {shown!r}.", "la más reciente que no haya terminado.")
-    return passed(name, len(patterns))
+    # (finished?, computed tokens) of each running request, in admission order
+    batches = [[(False, 5), (False, 9), (False, 2), (True, 7)],
+               [(False, 4), (True, 1), (False, 4), (True, 12)],
+               [(False, 3), (True, 0), (True, 8)],
+               [(True, 1), (False, 6), (False, 6), (False, 6)],
+               [(False, 0)],
+               [(True, 2), (True, 3), (False, 8), (True, 9), (True, 0)],
+               [(False, 7), (False, 7), (False, 1), (False, 1)]]
+    k = 0
+    for rule in checks.VICTIM_RULES:
+        for batch in batches:
+            running = checks._batch([(done, computed, 12) for done, computed in batch])
+            expected = checks.reference_victim(running, rule)
+            got, crash = call_student(name, fn, list(running), rule)
+            label = f"regla {rule!r}; en curso, en orden de entrada: " + ", ".join(
+                f"{r.request_id} ({r.num_computed_tokens} calculados"
+                f"{', terminada' if r.is_finished else ''})" for r in running)
+            if crash:
+                return failed(name, k, label, crash)
+            if got is not expected:
+                shown = getattr(got, "request_id", got)
+                return failed(name, k, label, f"la víctima debía ser {expected.request_id} y su "
+                              f"función eligió {shown!r}.", _victim_edge_hint(got, expected, rule))
+            k += 1
+    return passed(name, k)
+
+
+def _victim_edge_hint(got, expected, rule: str) -> str:
+    if getattr(got, "is_finished", False):
+        return "una petición terminada ya no se puede expulsar: elija entre las que no han terminado."
+    if rule == "newest":
+        return "con 'newest' la víctima es la admitida más tarde de las que no han terminado."
+    if getattr(got, "num_computed_tokens", None) == expected.num_computed_tokens:
+        return ("su víctima empata en tokens calculados con la esperada: en un empate gana la "
+                "admitida más tarde.")
+    return (f"con {rule!r} cuentan los tokens ya calculados (num_computed_tokens) de las que no han "
+            "terminado, no su orden ni sus tokens totales.")
 
 
 def extension(ext, contract, ctx):
@@ -77,7 +111,7 @@ def _budgets(ext, params, raise_on_fail=False):
     m = ext["measurement"]
     if not m["normal_step_ms"] > 0:
         return failed(name, 0, "normal_step_ms", f"el paso normal debe ser positivo y es "
-                      f"{m['normal_step_ms']!r}.")
+                      f"{es_value(m['normal_step_ms'])}.")
     budgets = params["budgets"]
     for i, b in enumerate(budgets, start=1):
         for key in (f"itl_p99_ms_budget_{b}", f"ttft_ms_budget_{b}"):
@@ -85,5 +119,5 @@ def _budgets(ext, params, raise_on_fail=False):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 return failed(name, i, key, f"se espera un tiempo medido positivo para cada "
                               f"presupuesto del laboratorio ({', '.join(map(str, budgets))}); "
-                              f"measurement[{key!r}] es {v!r}.")
+                              f"measurement[{key!r}] es {es_value(v)}.")
     return passed(name, 1 + len(budgets))

@@ -12,7 +12,7 @@ import numpy as np
 from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import observability as checks
 from ai_evolution.checks.observability import reference_bootstrap
-from ai_evolution.fmt import es
+from ai_evolution.fmt import es, es_sig, es_value
 from ai_evolution.grading import hidden, public
 from ai_evolution.labs.observability import datacenter_target, measure_capacity, poisson_run
 from ai_evolution.metrics import percentile as reference_percentile
@@ -50,7 +50,7 @@ def _times(name: str, fn, n, rate, seed):
     if not np.all(np.isfinite(t)):
         return None, "devolvió instantes no finitos (NaN o inf)."
     if t[0] != 0.0:
-        return None, f"la primera llegada es {t[0]:.4g} s y debe ser 0."
+        return None, f"la primera llegada es {es_sig(t[0], 4)} s y debe ser 0."
     if np.any(np.diff(t) < 0):
         return None, "los instantes no crecen."
     return t, ""
@@ -65,28 +65,30 @@ def _arrivals_edges(fn, seed: int = 0, raise_on_fail: bool = False):
     # 1. n = 1: one arrival, at 0, whatever the rate
     for rate in (1e-3, 1e4):
         s = int(rng.integers(0, 10_000))
-        label = f"n = 1, rate = {rate:g}, seed = {s}"
+        label = f"n = 1, rate = {es_sig(rate)}, seed = {s}"
         t, problem = _times(name, fn, 1, rate, s)
         if t is None:
-            return failed(name, k, label, problem, "con n = 1 no hay huecos: devuelva [0.0].")
+            return failed(name, k, label, problem, "con n = 1 no hay huecos: la única llegada es "
+                          "la primera, en t = 0.")
         k += 1
     # 2. rates that are integers, very small or very large: 2 000 gaps of mean 1/rate, exponential
     n = 2001
     crit = checks._KS_C / math.sqrt(n - 1)
     for rate in (3, 1e-3, 1e4, 2.5e6):
         s = int(rng.integers(0, 10_000))
-        label = f"n = {n}, rate = {rate!r} ({type(rate).__name__}), seed = {s}"
+        label = f"n = {n}, rate = {es_sig(rate)} ({type(rate).__name__}), seed = {s}"
         t, problem = _times(name, fn, n, rate, s)
         if t is None:
-            hint = ("una tasa entera (rate = 3) es un número válido: no exija float; "
-                    "compruebe math.isfinite(rate) and rate > 0." if isinstance(rate, int) else "")
+            hint = ("una tasa entera (rate = 3) es un número válido: no exija float; lo que "
+                    "se rechaza es una tasa que no sea un número finito mayor que 0."
+                    if isinstance(rate, int) else "")
             return failed(name, k, label, problem, hint)
         gaps = np.diff(t)
         mean = float(gaps.mean())
         if abs(mean * rate - 1) > 6 / math.sqrt(n - 1):  # six standard errors of the mean
-            return failed(name, k, label, f"la media de los huecos es {mean:.4g} s y debería ser "
-                          f"1/rate = {1 / rate:.4g} s.", "la escala de rng.exponential es la "
-                          "media, 1/rate, a cualquier tasa.")
+            return failed(name, k, label, f"la media de los huecos es {es_sig(mean, 4)} s y "
+                          f"debería ser 1/rate = {es_sig(1 / rate, 4)} s.", "la escala de la "
+                          "exponencial es la media del hueco, 1/rate, a cualquier tasa.")
         d = checks._ks_exponential(gaps, float(rate))
         if d > crit:
             return failed(name, k, label, f"los huecos no siguen una exponencial de media 1/rate: "
@@ -109,7 +111,8 @@ def _arrivals_edges(fn, seed: int = 0, raise_on_fail: bool = False):
         np.random.set_state(saved)
     if not np.array_equal(runs[0], runs[1]):
         return failed(name, k, label, "con la misma semilla devolvió instantes distintos al "
-                      "cambiar el estado global de np.random.", "use np.random.default_rng(seed).")
+                      "cambiar el estado global de np.random.", "cree su propio generador a partir "
+                      "de seed; el estado global de np.random no depende de ella.")
     return passed(name, k + 1)
 
 
@@ -133,7 +136,7 @@ def _percentile_edges(fn, raise_on_fail: bool = False):
              ([2.0, 2.0, 2.0, 2.0, 2.0, 1.0], 99.9), (ten, 1.0), (ten, 0.5),
              ([float(v) for v in range(10_000, -1, -1)], 99.95)]
     for i, (values, q) in enumerate(cases):
-        shown = ", ".join(f"{v:g}" for v in values[:5]) + (", …" if len(values) > 5 else "")
+        shown = "; ".join(es_sig(v) for v in values[:5]) + ("; …" if len(values) > 5 else "")
         label = f"{len(values)} valores [{shown}], q = {es(q, 2)}"
         given = list(values)
         got, crash = call_student(name, fn, given, q)
@@ -141,15 +144,15 @@ def _percentile_edges(fn, raise_on_fail: bool = False):
             return failed(name, i, label, crash)
         expected = reference_percentile(values, q)
         if not _number(got) and not isinstance(got, np.number):
-            return failed(name, i, label, f"devolvió {type(got).__name__} ({got!r}); se espera un "
+            return failed(name, i, label, f"devolvió {type(got).__name__} ({es_value(got)}); se espera un "
                           "número.")
         if not _close(float(got), expected):
             as_fraction = q <= 1 and _close(float(got), reference_percentile(values, 100 * q))
             hint = ("q llega siempre en la escala 0..100: q = 1 es el p1, no el p100; no lo "
                     "interprete como fracción." if as_fraction
                     else checks._percentile_hint(values, q, float(got)))
-            return failed(name, i, label, f"se esperaba {expected:.6g} y su función devolvió "
-                          f"{float(got):.6g}.", hint)
+            return failed(name, i, label, f"se esperaba {es_sig(expected)} y su función devolvió "
+                          f"{es_sig(float(got))}.", hint)
         if given != values:
             return failed(name, i, label, "su función modificó la lista que recibió.",
                           "use sorted(values), que devuelve una copia.")
@@ -197,19 +200,19 @@ def _bootstrap_edges(fn, seed: int = 0, raise_on_fail: bool = False):
             return failed(name, i, label, crash)
         pair = _pair(got)
         if pair is None:
-            return failed(name, i, label, f"devolvió {got!r}; se espera una pareja (low, high).")
+            return failed(name, i, label, f"devolvió {es_value(got)}; se espera una pareja (low, high).")
         expected = reference_bootstrap(values, q, **kw)
         point = reference_percentile(values, q)
         if expected[0] <= point <= expected[1] and not pair[0] <= point <= pair[1]:
-            return failed(name, i, label, f"su intervalo ({pair[0]:.6g}, {pair[1]:.6g}) no "
-                          f"contiene el percentil de la muestra, {point:.6g}, y el de referencia "
-                          f"({expected[0]:.6g}, {expected[1]:.6g}) sí.")
+            return failed(name, i, label, f"su intervalo {es_value(pair)} no contiene el "
+                          f"percentil de la muestra, {es_sig(point)}, y el de referencia "
+                          f"{es_value(expected)} sí.")
         if not (_close(pair[0], expected[0]) and _close(pair[1], expected[1])):
-            return failed(name, i, label, f"se esperaba ({expected[0]:.6g}, {expected[1]:.6g}) y "
-                          f"su función devolvió ({pair[0]:.6g}, {pair[1]:.6g}).",
-                          "remuestree con reemplazo: rng = np.random.default_rng(seed), "
-                          "idx = rng.integers(0, n, size=(n_boot, n)); con un solo valor o con "
-                          "todos iguales el intervalo tiene anchura 0.")
+            return failed(name, i, label, f"se esperaba el intervalo {es_value(expected)} y su "
+                          f"función devolvió {es_value(pair)}.",
+                          "remuestree con reemplazo, con el protocolo del enunciado (el generador "
+                          "de la semilla y todos los índices en una sola llamada); con un solo "
+                          "valor o con todos iguales el intervalo tiene anchura 0.")
         if given != values:
             return failed(name, i, label, "su función modificó la lista que recibió.")
     # the seed decides: the same seed twice gives the same interval, other seeds other intervals
@@ -222,14 +225,15 @@ def _bootstrap_edges(fn, seed: int = 0, raise_on_fail: bool = False):
             return failed(name, i, label, crash)
         pair = _pair(got)
         if pair is None:
-            return failed(name, i, label, f"devolvió {got!r}; se espera una pareja (low, high).")
+            return failed(name, i, label, f"devolvió {es_value(got)}; se espera una pareja (low, high).")
         calls.append(pair)
     if calls[0] != calls[1]:
-        return failed(name, i, label, f"la misma semilla dio {calls[0]} y {calls[1]}.",
-                      "cree el generador con np.random.default_rng(seed) dentro de la función.")
+        return failed(name, i, label, f"la misma semilla dio {es_value(calls[0])} y "
+                      f"{es_value(calls[1])}.", "cree el generador a partir de seed dentro de la "
+                      "función, no use el estado global de np.random.")
     if all(c == calls[0] for c in calls[2:]):
         return failed(name, i, label, "cinco semillas distintas dieron el mismo intervalo: su "
-                      "función no usa seed.", "pase seed a np.random.default_rng(seed).")
+                      "función no usa seed.", "el generador debe crearse a partir de seed.")
     return passed(name, i + 1)
 
 
@@ -255,7 +259,7 @@ def _rate_to_announce(ext, params, seed, raise_on_fail: bool = False):
     if not math.isclose(got, cap, rel_tol=1e-6):
         return failed(name, 0, "capacity_req_s", f"la capacidad simulada de {setup['device']} es "
                       f"{es(cap, 4)} peticiones/s (scap['capacity_req_s'] de la sección 7) y "
-                      f"measurement dice {got!r}.", "el reto se mide en el simulador, no en esta "
+                      f"measurement dice {es_value(got)}.", "el reto se mide en el simulador, no en esta "
                       "máquina: use la capacidad simulada.")
     worst = {k: v for k, v in m.items() if isinstance(k, str) and k.startswith(WORST_PREFIX)}
     if len(worst) < 2:
@@ -271,17 +275,17 @@ def _rate_to_announce(ext, params, seed, raise_on_fail: bool = False):
             return failed(name, i, key, f"{key!r} no termina en una fracción de la capacidad "
                           f"(por ejemplo {WORST_PREFIX}0.6).")
         if not (math.isfinite(fraction) and fraction > 0):
-            return failed(name, i, key, f"la fracción {fraction!r} no es un número positivo.")
+            return failed(name, i, key, f"la fracción {es_value(fraction)} no es un número positivo.")
         if not _number(value) or not math.isfinite(value):
             return failed(name, i, key, f"measurement[{key!r}] debe ser un número finito y es "
-                          f"{value!r}.")
+                          f"{es_value(value)}.")
         if value < solo * (1 - 1e-9):
-            return failed(name, i, key, f"un TTFT p99 de {value:.4g} s es menor que el TTFT de una "
-                          f"petición sola en el simulador, {solo:.4g} s.",
+            return failed(name, i, key, f"un TTFT p99 de {es_sig(value, 4)} s es menor que el TTFT "
+                          f"de una petición sola en el simulador, {es_sig(solo, 4)} s.",
                           "la clave termina en _s: el p99 va en segundos.")
         if value > ceiling:
-            return failed(name, i, key, f"un TTFT p99 de {value:.4g} s es mayor que el tiempo de "
-                          f"servir dos veces las {CHALLENGE_REQUESTS} peticiones a la capacidad "
-                          f"({ceiling:.3g} s).", "¿está en milisegundos? La clave termina en _s: "
-                          "segundos.")
+            return failed(name, i, key, f"un TTFT p99 de {es_sig(value, 4)} s es mayor que el "
+                          f"tiempo de servir dos veces las {CHALLENGE_REQUESTS} peticiones a la "
+                          f"capacidad ({es_sig(ceiling, 3)} s).",
+                          "¿está en milisegundos? La clave termina en _s: segundos.")
     return passed(name, len(worst) + 2)

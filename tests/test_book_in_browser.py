@@ -1,0 +1,176 @@
+"""The built book, rendered in a real headless browser at a desktop and a phone width.
+
+Every page of the table of contents is opened in Chromium (``tests/browser.py``) at 1400 px and at
+390 px (phone emulation), once MathJax has typeset it, and must have
+
+- no horizontal overflow: the page does not scroll sideways, nothing sticks out of the main
+  column or is cut by it (wide content scrolls inside its own box), and at the desktop width no
+  code cell and no display equation needs a scrollbar at all;
+- no missing image (an ``<img>`` whose ``naturalWidth`` is 0);
+- no math left as raw TeX (``$…$``, ``\\(…\\)``, ``\\[…\\]``) and no MathJax error.
+
+The book is the one the suite builds once (``built_book``). Chromium comes from the system
+(CI: ``.ci/run`` installs Debian's ``chromium``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from browser import INSTALL_HINT, Chromium, find_chromium
+from test_book import _toc_files
+
+ROOT = Path(__file__).resolve().parents[1]
+WIDTHS = {"escritorio": (1400, 900, False), "móvil": (390, 844, True)}
+
+# Runs in the page once it has loaded; returns the list of problems found (strings).
+CHECK_PAGE = r"""
+(async (desktop) => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    await MathJax.startup.promise;
+  }
+  await Promise.all([...document.images].map(img => {
+    if (img.complete) return null;
+    img.loading = "eager";
+    return new Promise(done => {
+      img.addEventListener("load", done); img.addEventListener("error", done);
+      setTimeout(done, 5000);
+    });
+  }));
+  const problems = [];
+  const describe = el => {
+    let s = el.tagName.toLowerCase();
+    if (el.id) s += "#" + el.id;
+    if (typeof el.className === "string" && el.className.trim())
+      s += "." + el.className.trim().split(/\s+/).slice(0, 2).join(".");
+    const text = (el.textContent || "").replace(/\s+/g, " ").trim().slice(0, 70);
+    return text ? `${s} «${text}»` : s;
+  };
+
+  const doc = document.documentElement;
+  if (doc.scrollWidth > doc.clientWidth + 1)
+    problems.push(`the page scrolls sideways: ${doc.scrollWidth} px of content in a ` +
+                  `${doc.clientWidth} px window`);
+
+  const column = document.querySelector("article.bd-article") || document.querySelector("main");
+  const edge = column.getBoundingClientRect();
+  const scrolls = el => ["auto", "scroll"].includes(getComputedStyle(el).overflowX);
+  const reported = new Set();
+  for (const el of column.querySelectorAll("*")) {
+    if (el.closest("mjx-assistive-mml")) continue;  // MathJax's copy for screen readers: never shown
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) continue;
+    if (r.left >= edge.left - 1 && r.right <= edge.right + 1) continue;
+    let up = el.parentElement, inBox = false, clipped = null;
+    while (up && up !== column) {
+      if (reported.has(up)) { inBox = true; break; }
+      const ox = getComputedStyle(up).overflowX;
+      if (ox === "auto" || ox === "scroll") { inBox = true; break; }
+      if (ox === "hidden" || ox === "clip") { clipped = up; break; }
+      up = up.parentElement;
+    }
+    if (inBox) continue;
+    reported.add(el);
+    const by = Math.round(Math.max(edge.left - r.left, r.right - edge.right));
+    problems.push(clipped
+      ? `${describe(el)} is cut by ${describe(clipped).split(" ")[0]}: ${by} px outside the column`
+      : `${describe(el)} sticks out of the column by ${by} px`);
+  }
+
+  if (desktop) {
+    for (const pre of column.querySelectorAll("div.cell_input pre, div.highlight pre")) {
+      if (pre.scrollWidth > pre.clientWidth + 1) {
+        const longest = pre.textContent.split("\n").reduce((a, b) => b.length > a.length ? b : a, "");
+        problems.push(`code wider than the column (${pre.scrollWidth} px in ${pre.clientWidth} px): ` +
+                      `«${longest.trim().slice(0, 80)}» (${longest.length} characters)`);
+      }
+    }
+    for (const eq of column.querySelectorAll('mjx-container[display="true"]')) {
+      const inner = eq.firstElementChild;
+      const width = inner ? inner.getBoundingClientRect().width : eq.scrollWidth;
+      if (width > eq.getBoundingClientRect().width + 1) {
+        const tex = (eq.closest(".math") || eq).getAttribute("id") || "";
+        problems.push(`display equation wider than the column (${Math.round(width)} px in ` +
+                      `${Math.round(eq.getBoundingClientRect().width)} px) ${tex}`);
+      }
+    }
+  }
+
+  for (const img of document.images)
+    if (img.naturalWidth === 0) problems.push(`missing image: ${img.getAttribute("src")}`);
+
+  for (const err of column.querySelectorAll("mjx-merror"))
+    problems.push(`MathJax error: ${err.getAttribute("data-mjx-error") || err.textContent}`);
+  const walker = document.createTreeWalker(column, NodeFilter.SHOW_TEXT, {
+    acceptNode: node => node.parentElement.closest("pre, code, script, style, mjx-container, .MathJax")
+      ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
+  const raw = /\$[^$\s][^$]*\$|\\\(|\\\[|\\(frac|mathrm|text|cdot|times|le|ge)\b/;
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const hit = node.textContent.match(raw);
+    if (hit) problems.push(`math left as raw TeX: «${node.textContent.trim().slice(0, 80)}»`);
+  }
+  return problems;
+})
+"""
+
+
+def rendering_problems(html: Path, pages: list[str], executable: str) -> dict[str, list[str]]:
+    """Problems per "page @ width" (only pages with problems), all pages in one browser."""
+    found: dict[str, list[str]] = {}
+    with Chromium(executable) as browser:
+        for label, (width, height, mobile) in WIDTHS.items():
+            browser.set_viewport(width, height, mobile)
+            for page in pages:
+                browser.open((html / f"{page}.html").as_uri())
+                problems = browser.evaluate(f"{CHECK_PAGE}({'true' if not mobile else 'false'})")
+                if problems:
+                    found[f"{page} @ {label} ({width} px)"] = problems
+    return found
+
+
+def _chromium() -> str:
+    executable = find_chromium()
+    if executable is None:
+        pytest.fail(f"Chromium is not installed: this test renders the book in it. Install it with "
+                    f"`{INSTALL_HINT}` (Debian/Ubuntu; .ci/run does it on CI).")
+    return executable
+
+
+def test_every_page_renders_without_overflow_missing_images_or_raw_math(built_book):
+    executable = _chromium()
+    assert built_book["returncode"] == 0, built_book["log"]
+    pages = _toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8")))
+    found = rendering_problems(built_book["html"], pages, executable)
+    report = "\n".join(f"{where}:\n  " + "\n  ".join(problems) for where, problems in found.items())
+    assert not found, f"rendering problems in the built book:\n{report}"
+
+
+# One page with one case of each problem, and one wide box that scrolls inside itself (allowed).
+_BAD_PAGE = """<html><head><meta name="viewport" content="width=device-width"></head><body>
+<article class="bd-article" style="max-width: 600px">
+<p>Sin procesar: $x^2 + y$.</p>
+<img src="no-existe.png">
+<div id="ancho" style="width: 900px">ancho</div>
+<div id="recorte" style="overflow: hidden"><div style="width: 900px">cortado</div></div>
+<div style="overflow-x: auto"><div style="width: 900px">con su propia barra</div></div>
+<div class="highlight"><pre style="overflow-x: auto">x = "{long}"</pre></div>
+</article></body></html>"""
+
+
+@pytest.mark.slow
+def test_the_checker_sees_each_kind_of_problem(tmp_path):
+    (tmp_path / "mala.html").write_text(_BAD_PAGE.replace("{long}", "x" * 150), encoding="utf-8")
+    found = rendering_problems(tmp_path, ["mala"], _chromium())
+    desktop, phone = found["mala @ escritorio (1400 px)"], found["mala @ móvil (390 px)"]
+    for problems in (desktop, phone):
+        text = "\n".join(problems)
+        assert "missing image: no-existe.png" in text
+        assert "math left as raw TeX" in text and "$x^2 + y$" in text
+        assert "div#ancho «ancho» sticks out of the column" in text
+        assert "«cortado» is cut by div#recorte" in text
+        assert "con su propia barra" not in text
+    assert any(p.startswith("code wider than the column") for p in desktop)
+    assert not any(p.startswith("code wider than the column") for p in phone)
