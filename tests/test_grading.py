@@ -91,29 +91,6 @@ def test_every_lab_folder_has_an_assessment_folder_for_its_kind():
     assert assessed == {p.name for p in labs}  # no assessment without its lab
 
 
-@pytest.mark.parametrize("kind", ["paged_attention", "scheduler", "observability"])
-def test_the_chapter_evaluation_is_the_assessment_set_and_its_challenge(kind):
-    """One question set and one challenge: the chapter's «Evaluación» includes the assessment's
-    questions and challenge (no questions of its own), and the assessment names the lab section
-    that holds the challenge."""
-    a = find_assessment(kind)
-    folder = a.folder.name
-    chapter = (ROOT / "book" / f"{folder}.md").read_text(encoding="utf-8")
-    start = chapter.index("\n## Evaluación\n")
-    following = re.search(r"\n## ", chapter[start + 1:])
-    section = chapter[start:start + 1 + following.start()] if following else chapter[start:]
-    include = f"```{{include}} ../assessments/{folder}/assessment.md\n"
-    assert section.count(include) == 2, section
-    assert include + ':start-after: "## Preguntas"\n:end-before: "## Rúbrica"\n```' in section
-    assert include + ':start-after: "## Reto verificable"\n```' in section
-    assert "**Pregunta" not in section and "Enunciado" not in section  # nothing of its own
-    text = (a.folder / "assessment.md").read_text(encoding="utf-8")
-    assert re.findall(r"^## .*", text, re.M)[-1] == "## Reto verificable"  # included to the end
-    lab = (a.lab_folder / "notebook_solution.md").read_text(encoding="utf-8")
-    number = re.search(r"^## (\d+)\. Reto verificable$", lab, re.M).group(1)
-    assert f"**Enunciado** (sección {number} del cuaderno)" in text
-
-
 def test_student_ids_come_from_file_names_and_stay_unique():
     got = student_ids([Path("b/Ana María.ipynb"), Path("a/ana maría.ipynb"), Path("x/ .ipynb"),
                        Path("y/Ana_María.ipynb")])
