@@ -1,23 +1,12 @@
-"""What machine the labs run on: the device, the dtype it supports, and facts for the contract.
-
-Three layers, from cheapest to most honest:
-
-- *describe*: what the device says about itself (name, dtypes, memory);
-- *datasheet presets* (``DEVICE_PRESETS``): what vendors publish for GPUs the reader may not
-  have, each with its source, so the simulator can replay a run "at H100 scale";
-- *probes* (``measure_bandwidth``, ``measure_matmul``, ``measure_decode_matmul``,
-  ``measure_stream_bandwidths``): what this machine actually achieves, measured with a warm-up
-  and repetitions and reported as medians.
-"""
+"""What this machine actually achieves: bandwidth and matmul probes, measured with a warm-up and
+repetitions and reported as medians (with every sample)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,200 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-
-def pick_device(prefer: str | None = None) -> torch.device:
-    """CUDA if present, else Apple MPS, else CPU; ``prefer`` forces one ("cuda", "mps", "cpu")."""
-    accepted = ("cuda", "mps", "cpu")
-    if prefer is not None:
-        if prefer not in accepted:
-            raise ValueError(f"unknown device {prefer!r}; accepted: {', '.join(accepted)}")
-        if prefer == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device 'cuda' was asked for but torch.cuda.is_available() is False")
-        if prefer == "mps" and not _mps_available():
-            raise ValueError("device 'mps' was asked for but Apple MPS is not available")
-        return torch.device(prefer)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if _mps_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def _mps_available() -> bool:
-    backend = getattr(torch.backends, "mps", None)
-    return bool(backend and backend.is_available())
-
-
-def supported_dtypes(device: torch.device | str) -> list[str]:
-    """Floating dtypes the device runs natively. A T4 (compute capability 7.5) has no bf16."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        dtypes = ["float32", "float16"]
-        if torch.cuda.is_bf16_supported(including_emulation=False):
-            dtypes.append("bfloat16")
-        return dtypes
-    if device.type == "mps":
-        return ["float32", "float16", "bfloat16"]
-    return ["float32", "bfloat16"]
-
-
-def default_dtype(device: torch.device | str) -> torch.dtype:
-    """The half-precision dtype to serve with: bf16 where supported, else fp16; fp32 on CPU.
-
-    On CPU fp32 is the default because the labs compare against exact greedy decoding and a
-    CPU's bf16 matrix-vector kernels are not faster at batch 1.
-    """
-    device = torch.device(device)
-    if device.type == "cpu":
-        return torch.float32
-    return torch.bfloat16 if "bfloat16" in supported_dtypes(device) else torch.float16
-
-
-def device_name(device: torch.device | str) -> str:
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "mps":
-        return "Apple MPS"
-    return platform.processor() or platform.machine() or "cpu"
-
-
-def describe(device: torch.device | str | None = None) -> dict:
-    """Facts about the machine for the contract's ``environment`` field."""
-    import numpy
-
-    device = pick_device() if device is None else torch.device(device)
-    env = {
-        "device": device.type,
-        "device_name": device_name(device),
-        "supported_dtypes": supported_dtypes(device),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "versions": {"torch": torch.__version__, "numpy": numpy.__version__},
-    }
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        env["gpu_memory_bytes"] = int(props.total_memory)
-        env["compute_capability"] = f"{props.major}.{props.minor}"
-    return env
-
-
-# --------------------------------------------------------------------------------------------
-# Datasheet presets
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """What a vendor publishes about an accelerator, in SI units.
-
-    ``memory_bytes`` and ``bandwidth_bytes_per_s`` use powers of ten (80 GB = 80e9 bytes,
-    3,35 TB/s = 3.35e12 bytes/s). ``peak_flops`` maps a dtype name ('fp32', 'tf32', 'fp16',
-    'bf16', 'fp8', 'int8') to the DENSE peak in FLOP/s (OP/s for int8); datasheets often print
-    the "with sparsity" figure, which is twice the dense one and which no dense GEMM reaches.
-    Only dtypes the source publishes are present.
-    """
-
-    name: str
-    memory_bytes: float
-    bandwidth_bytes_per_s: float
-    peak_flops: dict[str, float]
-    has_bf16: bool
-    source: str
-    notes: str = ""
-
-
-_HOPPER_FLOPS = {  # H100 SXM and H200 share the same GH100 compute
-    "fp32": 67e12, "tf32": 494.7e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12,
-    "int8": 1979e12,
-}
-
-DEVICE_PRESETS: dict[str, DeviceSpec] = {
-    "h100-sxm": DeviceSpec(
-        name="NVIDIA H100 SXM5 80GB",
-        memory_bytes=80e9,
-        bandwidth_bytes_per_s=3.35e12,
-        peak_flops=dict(_HOPPER_FLOPS),
-        has_bf16=True,
-        source="https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM datasheet)",
-        notes="HBM3. The datasheet prints 1979 TFLOP/s bf16/fp16 and 3958 fp8 *with sparsity*; "
-              "dense figures are half of those.",
-    ),
-    "h200": DeviceSpec(
-        name="NVIDIA H200 SXM 141GB",
-        memory_bytes=141e9,
-        bandwidth_bytes_per_s=4.8e12,
-        peak_flops=dict(_HOPPER_FLOPS),
-        has_bf16=True,
-        source="https://www.nvidia.com/en-us/data-center/h200/ (H200 datasheet)",
-        notes="HBM3e. Same compute as the H100 SXM: more and faster memory only, so it helps "
-              "bandwidth-bound decode, not compute-bound prefill.",
-    ),
-    "a100-80gb": DeviceSpec(
-        name="NVIDIA A100 80GB SXM",
-        memory_bytes=80e9,
-        bandwidth_bytes_per_s=2.039e12,
-        peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12,
-                    "int8": 624e12},
-        has_bf16=True,
-        source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
-               "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
-        notes="HBM2e; 2039 GB/s is the SXM figure (the PCIe card has 1935 GB/s). "
-              "Sparsity doubles the tensor-core figures on the datasheet.",
-    ),
-    "l4": DeviceSpec(
-        name="NVIDIA L4",
-        memory_bytes=24e9,
-        bandwidth_bytes_per_s=300e9,
-        peak_flops={"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12,
-                    "fp8": 242.5e12, "int8": 242.5e12},
-        has_bf16=True,
-        source="https://www.nvidia.com/en-us/data-center/l4/ (L4 datasheet)",
-        notes="GDDR6. The datasheet prints 242 TFLOP/s fp16/bf16, 485 fp8/int8 and 120 tf32 "
-              "*with sparsity*; dense figures are half of those.",
-    ),
-    "t4": DeviceSpec(
-        name="NVIDIA T4",
-        memory_bytes=16e9,
-        bandwidth_bytes_per_s=320e9,
-        peak_flops={"fp32": 8.1e12, "fp16": 65e12, "int8": 130e12},
-        has_bf16=False,
-        source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/"
-               "t4-tensor-core-datasheet-951643.pdf",
-        notes="GDDR6, Turing (compute capability 7.5): no bf16, so labs on a free Colab T4 "
-              "serve in fp16. 65 TFLOP/s is mixed precision (fp16 in, fp32 accumulate).",
-    ),
-    "apple-m5-pro-laptop": DeviceSpec(
-        name="Apple M5 Pro laptop (the machine of the course's class 000)",
-        memory_bytes=48e9,
-        bandwidth_bytes_per_s=273e9,
-        peak_flops={"fp16": 18e12},
-        has_bf16=True,
-        source="course seed 000: the blog post of class 000 (measured on the author's laptop)",
-        notes="273 GB/s was measured by the source, not taken from a datasheet. 18 TFLOP/s is "
-              "the rate its 4-bit prefill achieved, not a datasheet peak: stored as the peak it "
-              "is a lower bound, and so is the ridge point computed from it. memory_bytes "
-              "(48 GB) is the source's configuration, unified between CPU and GPU. The source "
-              "reports prefill 1143 tok/s and decode 42,6 tok/s on a 5,38 GB 4-bit file of "
-              "Qwen3.5-9B.",
-    ),
-}
-
-
-def get_device_spec(name: str) -> DeviceSpec:
-    """The preset called ``name`` (case-insensitive), e.g. ``get_device_spec("h100-sxm")``."""
-    key = str(name).strip().lower()
-    if key not in DEVICE_PRESETS:
-        raise KeyError(f"dispositivo desconocido {name!r}; los conocidos son: "
-                       f"{', '.join(DEVICE_PRESETS)}")
-    return DEVICE_PRESETS[key]
-
-
-# --------------------------------------------------------------------------------------------
-# Probes: what this machine achieves
-# --------------------------------------------------------------------------------------------
+from .device import default_dtype, device_name, pick_device, supported_dtypes, synchronize
 
 GiB = 2**30
 _SHOW_PROGRESS_ABOVE_S = 2.0
@@ -299,13 +95,6 @@ def _check_positive_int(name: str, value, minimum: int = 1) -> int:
         raise ValueError(f"{name} debe ser {what}; se recibió {value!r}")
     return value
 
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device to finish queued work, so wall-clock timings are honest."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def _capped(default_bytes: int, device: torch.device, share: int) -> int:
