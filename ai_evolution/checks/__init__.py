@@ -8,6 +8,8 @@ student notebooks (``raise_on_fail=True``: the notebook stops there) and the aut
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 
@@ -46,6 +48,20 @@ def finish(result: CheckResult, raise_on_fail: bool) -> CheckResult:
     return result
 
 
+def self_check(check):
+    """A self-check's body returns its ``CheckResult`` (``passed(...)`` or ``failed(...)``); this
+    prints it and, with ``raise_on_fail`` (default: the body's own), raises ``CheckFailed`` on a
+    failure, so that every check reports the same way. The body still receives
+    ``raise_on_fail`` (a check may pass it on to another one)."""
+    default = inspect.signature(check).parameters["raise_on_fail"].default
+
+    @functools.wraps(check)
+    def run(*args, raise_on_fail: bool = default, **kwargs) -> CheckResult:
+        return finish(check(*args, raise_on_fail=raise_on_fail, **kwargs), raise_on_fail)
+
+    return run
+
+
 def call_student(name: str, fn, *args, **kwargs):
     """Call the student's function; turn a crash into a failed check that names the exception.
 
@@ -59,26 +75,27 @@ def call_student(name: str, fn, *args, **kwargs):
         return None, f"su función lanzó {type(err).__name__}: {err}"
 
 
+@self_check
 def check_student_extension(ext: dict, raise_on_fail: bool = True) -> CheckResult:
     """The challenge's ``student_extension``: four keys, a measurement that holds numbers."""
     name = "extensión del estudiante"
     keys = ("assumption", "measurement", "conclusion", "limitation")
     if not isinstance(ext, dict):
-        return finish(failed(name, 0, "estructura", f"se espera un dict, se obtuvo "
-                             f"{type(ext).__name__}."), raise_on_fail)
+        return failed(name, 0, "estructura", f"se espera un dict, se obtuvo "
+                      f"{type(ext).__name__}.")
     for i, key in enumerate(keys):
         value = ext.get(key)
         if value in (None, "", {}):
-            return finish(failed(name, i, f"clave {key!r}", "falta o está vacía.",
-                                 f"complete las cuatro claves: {', '.join(keys)}."), raise_on_fail)
+            return failed(name, i, f"clave {key!r}", "falta o está vacía.",
+                          f"complete las cuatro claves: {', '.join(keys)}.")
         if key != "measurement" and (not isinstance(value, str) or len(value.strip()) < 10):
-            return finish(failed(name, i, f"clave {key!r}", "debe ser una frase (texto de al "
-                                 "menos 10 caracteres)."), raise_on_fail)
+            return failed(name, i, f"clave {key!r}", "debe ser una frase (texto de al "
+                          "menos 10 caracteres).")
     measurement = ext["measurement"]
     numbers = [v for v in (measurement.values() if isinstance(measurement, dict) else [measurement])
                if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if not numbers:
-        return finish(failed(name, len(keys), "clave 'measurement'", "no contiene ningún número "
-                             "medido.", "guarde los valores que midió, con su unidad en el "
-                             "nombre de la clave (por ejemplo 'cache_bytes')."), raise_on_fail)
-    return finish(passed(name, len(keys) + 1), raise_on_fail)
+        return failed(name, len(keys), "clave 'measurement'", "no contiene ningún número "
+                      "medido.", "guarde los valores que midió, con su unidad en el "
+                      "nombre de la clave (por ejemplo 'cache_bytes').")
+    return passed(name, len(keys) + 1)

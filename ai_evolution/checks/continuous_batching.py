@@ -18,7 +18,7 @@ from ..fmt import es_sig, es_value
 from ..loadgen import fixed_prompt_workload
 from ..metrics import summarize
 from ..sim import SimExecutor
-from . import CheckResult, call_student, failed, finish, passed
+from . import CheckResult, call_student, failed, passed, self_check
 from ._engine import TOY_CONFIG, TOY_COST, trace
 
 
@@ -49,6 +49,7 @@ def _case_label(width, prompts, outputs, arrivals) -> str:
     return (f"max_num_seqs={width}, {len(prompts)} peticiones con max_tokens={outputs}, {when}")
 
 
+@self_check
 def check_policy(fn: Callable, seed: int = 0, model=None, raise_on_fail: bool = True) -> CheckResult:
     """``fn(running, waiting, max_num_seqs) -> BatchPlan`` must schedule exactly like
     ``continuous_batching`` on seeded workloads (simulated), and, with ``model``, produce the
@@ -63,21 +64,21 @@ def check_policy(fn: Callable, seed: int = 0, model=None, raise_on_fail: bool = 
             # raised by the scheduler, which checks every plan before applying it
             crash = "el planificador rechazó su plan: " + crash.split(": ", 1)[1]
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         for step, (e, g) in enumerate(zip(expected, got)):
             if e != g:
-                return finish(failed(name, i, label, _step_diff(step, e, g),
-                                     _policy_hint(e, g)), raise_on_fail)
+                return failed(name, i, label, _step_diff(step, e, g),
+                              _policy_hint(e, g))
         if len(expected) != len(got):
-            return finish(failed(name, i, label, f"la referencia termina en {len(expected)} pasos "
-                                 f"y su política en {len(got)}."), raise_on_fail)
+            return failed(name, i, label, f"la referencia termina en {len(expected)} pasos "
+                          f"y su política en {len(got)}.")
     detail = ""
     if model is not None:
         result = _same_tokens(fn, model, seed)
         if result is not None:
-            return finish(failed(name, len(cases), "motor real con el modelo", result), raise_on_fail)
+            return failed(name, len(cases), "motor real con el modelo", result)
         detail = "En el motor real produce los mismos tokens que la referencia."
-    return finish(passed(name, len(cases) + (model is not None), detail), raise_on_fail)
+    return passed(name, len(cases) + (model is not None), detail)
 
 
 def _step_diff(step: int, expected, got) -> str:
@@ -140,6 +141,7 @@ def _metric_cases(seed: int) -> list[list[Request]]:
     return cases
 
 
+@self_check
 def check_summarize(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(requests) -> dict`` with ``throughput_tok_s``, ``ttft_p50_s``, ``e2e_p50_s`` and
     ``e2e_p99_s`` equal to ``ai_evolution.metrics.summarize`` (relative 1e-9)."""
@@ -150,20 +152,20 @@ def check_summarize(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> 
         got, crash = call_student(name, fn, reqs)
         label = f"{len(reqs)} peticiones, {sum(len(r.output_token_ids) for r in reqs)} tokens"
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         if not isinstance(got, dict):
-            return finish(failed(name, i, label, f"devolvió {type(got).__name__}; se espera un dict "
-                                 f"con las claves {', '.join(METRIC_KEYS)}."), raise_on_fail)
+            return failed(name, i, label, f"devolvió {type(got).__name__}; se espera un dict "
+                          f"con las claves {', '.join(METRIC_KEYS)}.")
         for key in METRIC_KEYS:
             if key not in got:
-                return finish(failed(name, i, label, f"falta la clave {key!r}."), raise_on_fail)
+                return failed(name, i, label, f"falta la clave {key!r}.")
             g, e = got[key], expected[key]
             if not isinstance(g, (int, float, np.number)) or isinstance(g, bool) or \
                     not math.isclose(float(g), e, rel_tol=1e-9):
-                return finish(failed(name, i, label, f"{key}: se esperaba {es_sig(e)} y su "
-                                     f"función devolvió {es_value(g)}.",
-                                     _metric_hint(key, g, reqs)), raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+                return failed(name, i, label, f"{key}: se esperaba {es_sig(e)} y su "
+                              f"función devolvió {es_value(g)}.",
+                              _metric_hint(key, g, reqs))
+    return passed(name, len(cases))
 
 
 def _metric_hint(key: str, got, reqs: list[Request]) -> str:

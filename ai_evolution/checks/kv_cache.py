@@ -14,7 +14,7 @@ import torch
 
 from ..fmt import es, es_sig, es_value
 from ..model import ModelConfig, get_preset, kv_bytes_per_token, weight_bytes
-from . import CheckResult, call_student, check_student_extension, failed, finish, passed  # noqa: F401
+from . import CheckResult, call_student, check_student_extension, failed, passed, self_check  # noqa: F401
 
 DTYPES = ("fp32", "fp16", "bf16", "int8")
 
@@ -45,6 +45,7 @@ def kv_bytes_cases(seed: int = 0) -> list[tuple[ModelConfig, str]]:
         [(c, d) for c, d in zip(_random_configs(seed, 8), DTYPES * 2)]
 
 
+@self_check
 def check_kv_bytes_per_token(fn: Callable[[ModelConfig, str], float], seed: int = 0,
                              raise_on_fail: bool = True) -> CheckResult:
     """``fn(config, dtype) -> bytes`` must equal 2 x layers x kv_heads x head_dim x bytes(dtype)."""
@@ -55,16 +56,15 @@ def check_kv_bytes_per_token(fn: Callable[[ModelConfig, str], float], seed: int 
         got, crash = call_student(name, fn, config, dtype)
         label = f"{_config_label(config)}; dtype {dtype}"
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         if not isinstance(got, (int, float, np.number)) or isinstance(got, bool):
-            return finish(failed(name, i, label, f"devolvió {es_value(got)} "
-                                 f"({type(got).__name__}); se espera un número de bytes."),
-                          raise_on_fail)
+            return failed(name, i, label, f"devolvió {es_value(got)} "
+                          f"({type(got).__name__}); se espera un número de bytes.")
         if not math.isclose(float(got), expected, rel_tol=1e-9):
-            return finish(failed(name, i, label, f"se esperaban {es(expected, 0)} bytes y su "
-                                 f"función devolvió {es_sig(float(got), 9)}.",
-                                 _kv_hint(config, float(got), expected)), raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+            return failed(name, i, label, f"se esperaban {es(expected, 0)} bytes y su "
+                          f"función devolvió {es_sig(float(got), 9)}.",
+                          _kv_hint(config, float(got), expected))
+    return passed(name, len(cases))
 
 
 def _kv_hint(config: ModelConfig, got: float, expected: float) -> str:
@@ -104,6 +104,7 @@ def _attention_cases(seed: int):
         yield label, q, k_new, v_new, k_cache, v_cache, positions
 
 
+@self_check
 def check_cached_attention(fn: Callable, seed: int = 0, model=None, prompts=None,
                            max_new_tokens: int = 12, raise_on_fail: bool = True) -> CheckResult:
     """The student's attention step, alone on random tensors and then inside the real model."""
@@ -118,27 +119,27 @@ def check_cached_attention(fn: Callable, seed: int = 0, model=None, prompts=None
         got, crash = call_student(name, fn, q, k_new.clone(), v_new.clone(), k_cache, v_cache,
                                   positions)
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         if not torch.is_tensor(got) or got.shape != expected.shape:
             shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
-            return finish(failed(name, i, label, f"se esperaba un tensor de forma "
-                                 f"{tuple(expected.shape)} y se obtuvo {shape}."), raise_on_fail)
+            return failed(name, i, label, f"se esperaba un tensor de forma "
+                          f"{tuple(expected.shape)} y se obtuvo {shape}.")
         if not torch.equal(k_cache, ref_k) or not torch.equal(v_cache, ref_v):
             bad = (k_cache != ref_k).any(-1) | (v_cache != ref_v).any(-1)
             b, hk, pos = [int(x) for x in bad.nonzero()[0]]
-            return finish(failed(
+            return failed(
                 name, i, label, f"la caché quedó mal escrita: la fila {b}, cabeza KV {hk}, "
                 f"posición {pos} no contiene lo esperado.",
                 "Escriba las claves y los valores nuevos en la caché, cada uno en la posición "
-                "de su token, sin tocar el resto."), raise_on_fail)
+                "de su token, sin tocar el resto.")
         err = (got - expected).abs().max().item()
         if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
-            return finish(failed(
+            return failed(
                 name, i, label, f"la salida difiere de la referencia (diferencia máxima "
                 f"{es_sig(err, 3)}).", "Cada consulta atiende a las claves de su propia fila "
                 "hasta su posición, incluida, y a ninguna posterior; las puntuaciones se escalan "
                 "por la inversa de la raíz de head_dim, y cada cabeza KV sirve a un grupo de "
-                "cabezas de consulta consecutivas."), raise_on_fail)
+                "cabezas de consulta consecutivas.")
     # Inside the real model: identical greedy tokens.
     if model is None:
         from ..model.checkpoint import load_pretrained
@@ -153,16 +154,15 @@ def check_cached_attention(fn: Callable, seed: int = 0, model=None, prompts=None
                                      cache="contiguous", attn_fn=fn)
     label = f"generación voraz de {max_new_tokens} tokens con el modelo {model.config.name}"
     if crash:
-        return finish(failed(name, len(cases), label, crash), raise_on_fail)
+        return failed(name, len(cases), label, crash)
     for row, (e, g_) in enumerate(zip(expected_tokens, got_tokens)):
         if e != g_:
             j = next(k for k in range(len(e)) if k >= len(g_) or e[k] != g_[k])
             got_j = g_[j] if j < len(g_) else "nada"
-            return finish(failed(name, len(cases), label, f"en el prompt {row + 1}, el token "
-                                 f"generado {j + 1} debía ser {e[j]} y fue {got_j}."),
-                          raise_on_fail)
-    return finish(passed(name, len(cases) + 1, "Dentro del modelo real genera exactamente los "
-                         "mismos tokens que la referencia."), raise_on_fail)
+            return failed(name, len(cases), label, f"en el prompt {row + 1}, el token "
+                          f"generado {j + 1} debía ser {e[j]} y fue {got_j}.")
+    return passed(name, len(cases) + 1, "Dentro del modelo real genera exactamente los "
+                  "mismos tokens que la referencia.")
 
 
 # --- (c) fitting growth ------------------------------------------------------------------------
@@ -231,6 +231,7 @@ def compare_fit(got, expected: dict) -> tuple[str, str] | None:
     return None
 
 
+@self_check
 def check_fit_growth(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(n, t) -> {"c0", "c1", "c2", "quadratic_share", "exponent"}``: the least-squares fit
     with non-negative coefficients of ``ai_evolution.timing.fit_growth``."""
@@ -242,11 +243,11 @@ def check_fit_growth(fn: Callable, seed: int = 0, raise_on_fail: bool = True) ->
         expected = fit_growth(n, t)
         got, crash = call_student(name, fn, n.copy(), t.copy())
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         wrong = compare_fit(got, expected)
         if wrong:
-            return finish(failed(name, i, label, *wrong), raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+            return failed(name, i, label, *wrong)
+    return passed(name, len(cases))
 
 
 # --- (d) the memory budget ---------------------------------------------------------------------
@@ -354,6 +355,7 @@ def _budget_hint(key: str, got: float, args, expected: dict) -> str:
             "contando entero el último, que puede quedar a medias.")
 
 
+@self_check
 def check_sequences_that_fit(fn: Callable, raise_on_fail: bool = True) -> CheckResult:
     """``fn(config, gpu_memory_bytes, utilization, activation_bytes, weight_dtype, kv_dtype,
     block_size, context_len) -> dict`` with ``kv_budget_bytes``, ``num_blocks``, ``max_tokens``
@@ -364,12 +366,12 @@ def check_sequences_that_fit(fn: Callable, raise_on_fail: bool = True) -> CheckR
         label = budget_label(*args)
         got, crash = call_student(name, fn, *args)
         if crash:
-            return finish(failed(name, i, label, crash, "Si los pesos y la reserva no caben, "
-                                 "todo vale 0."), raise_on_fail)
+            return failed(name, i, label, crash, "Si los pesos y la reserva no caben, "
+                          "todo vale 0.")
         wrong = compare_budget(got, args)
         if wrong:
-            return finish(failed(name, i, label, *wrong), raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+            return failed(name, i, label, *wrong)
+    return passed(name, len(cases))
 
 
 # --- the challenge -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..fmt import es, es_sig, es_value
 from ..metrics import bootstrap_ci, percentile
-from . import CheckResult, call_student, failed, finish, passed
+from . import CheckResult, call_student, failed, passed, self_check
 
 _REL = 1e-9
 
@@ -86,6 +86,7 @@ def _percentile_hint(values: list[float], q: float, got: float) -> str:
             "siguiente.")
 
 
+@self_check
 def check_percentile(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(values, q) -> float``: the ``q``-th percentile (0..100) of a non-empty list, linear
     interpolation between closest ranks (numpy's default), without modifying ``values``."""
@@ -96,21 +97,20 @@ def check_percentile(fn: Callable, seed: int = 0, raise_on_fail: bool = True) ->
         given = list(values)
         got, crash = call_student(name, fn, given, q)
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         expected = percentile(values, q)
         if not _number(got):
-            return finish(failed(name, i, label, f"devolvió {type(got).__name__} ({es_value(got)}); se "
-                                 "espera un número."), raise_on_fail)
+            return failed(name, i, label, f"devolvió {type(got).__name__} ({es_value(got)}); se "
+                          "espera un número.")
         if not _close(float(got), expected):
-            return finish(failed(name, i, label, f"se esperaba {es_sig(expected)} y su función "
-                                 f"devolvió {es_sig(float(got))}.", _percentile_hint(values, q, float(got))),
-                          raise_on_fail)
+            return failed(name, i, label, f"se esperaba {es_sig(expected)} y su función "
+                          f"devolvió {es_sig(float(got))}.", _percentile_hint(values, q, float(got)))
         if given != values:
-            return finish(failed(name, i, label, "el resultado es correcto, pero su función "
-                                 "reordenó la lista que recibió (values.sort() cambia los datos "
-                                 "de quien la llama).", "use sorted(values), que devuelve una "
-                                 "copia."), raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+            return failed(name, i, label, "el resultado es correcto, pero su función "
+                          "reordenó la lista que recibió (values.sort() cambia los datos "
+                          "de quien la llama).", "use sorted(values), que devuelve una "
+                          "copia.")
+    return passed(name, len(cases))
 
 
 # --- bootstrap ----------------------------------------------------------------------------------
@@ -168,6 +168,7 @@ def reference_bootstrap(values, q: float, n_boot: int = 1000, alpha: float = 0.0
     return bootstrap_ci(values, q=q, n_boot=n_boot, alpha=alpha, seed=seed)
 
 
+@self_check
 def check_bootstrap(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(values, q, n_boot=1000, alpha=0.05, seed=0) -> (low, high)``: the percentile-bootstrap
     interval of the ``q``-th percentile, equal to ``metrics.bootstrap_ci(values, q=q, ...)``
@@ -180,17 +181,17 @@ def check_bootstrap(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> 
     for _ in range(3):
         got, crash = call_student(name, fn, list(sample), 90.0, n_boot=200, alpha=0.05, seed=7)
         if crash:
-            return finish(failed(name, 0, label, crash), raise_on_fail)
+            return failed(name, 0, label, crash)
         try:
             calls.append(tuple(float(v) for v in got))
         except (TypeError, ValueError):
-            return finish(failed(name, 0, label, f"devolvió {es_value(got)}; se espera una pareja "
-                                 "(low, high) de números."), raise_on_fail)
+            return failed(name, 0, label, f"devolvió {es_value(got)}; se espera una pareja "
+                          "(low, high) de números.")
     if len(set(calls)) > 1:
-        return finish(failed(name, 0, label, f"tres llamadas con la misma semilla dan "
-                             f"intervalos distintos: {es_value(calls)}.", "cree el generador con "
-                             "np.random.default_rng(seed) dentro de la función; no use el estado "
-                             "global de np.random."), raise_on_fail)
+        return failed(name, 0, label, f"tres llamadas con la misma semilla dan "
+                      f"intervalos distintos: {es_value(calls)}.", "cree el generador con "
+                      "np.random.default_rng(seed) dentro de la función; no use el estado "
+                      "global de np.random.")
     for i, case in enumerate(cases):
         i += 1  # case 0 was the reproducibility one
         kw = {k: case[k] for k in ("n_boot", "alpha", "seed")}
@@ -198,21 +199,20 @@ def check_bootstrap(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> 
                  f"alpha = {es(case['alpha'], 2)}, seed = {case['seed']}")
         got, crash = call_student(name, fn, list(case["values"]), case["q"], **kw)
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         if (not isinstance(got, (tuple, list, np.ndarray)) or len(got) != 2
                 or not all(_number(v) for v in got)):
-            return finish(failed(name, i, label, f"devolvió {es_value(got)}; se espera una pareja "
-                                 "(low, high) de números."), raise_on_fail)
+            return failed(name, i, label, f"devolvió {es_value(got)}; se espera una pareja "
+                          "(low, high) de números.")
         got = (float(got[0]), float(got[1]))
         if got[0] > got[1]:
-            return finish(failed(name, i, label, f"low = {es_sig(got[0])} es mayor que high = "
-                                 f"{es_sig(got[1])}."), raise_on_fail)
+            return failed(name, i, label, f"low = {es_sig(got[0])} es mayor que high = "
+                          f"{es_sig(got[1])}.")
         expected = bootstrap_ci(case["values"], q=case["q"], **kw)
         if not (_close(got[0], expected[0]) and _close(got[1], expected[1])):
-            return finish(failed(name, i, label, f"se esperaba el intervalo {es_value(expected)} y "
-                                 f"su función devolvió {es_value(got)}.", _bootstrap_hint(case, got)),
-                          raise_on_fail)
-    return finish(passed(name, len(cases) + 1), raise_on_fail)
+            return failed(name, i, label, f"se esperaba el intervalo {es_value(expected)} y "
+                          f"su función devolvió {es_value(got)}.", _bootstrap_hint(case, got))
+    return passed(name, len(cases) + 1)
 
 
 # --- Poisson arrivals ---------------------------------------------------------------------------
@@ -249,6 +249,7 @@ def _call_times(name: str, fn: Callable, n: int, rate: float, seed: int) -> tupl
     return (None, crash) if crash else _as_times(got, n)
 
 
+@self_check
 def check_arrivals(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(n, rate, seed) -> list[float]``: ``n`` arrival times (s) of a Poisson process of
     ``rate`` requests/s, the first at 0, gaps independent ``Exponential`` of mean ``1 / rate``,
@@ -259,7 +260,7 @@ def check_arrivals(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> C
     k = 0
 
     def fail(label: str, problem: str, hint: str = "") -> CheckResult:
-        return finish(failed(name, k, label, problem, hint), raise_on_fail)
+        return failed(name, k, label, problem, hint)
 
     # 1. shape: n times, the first at 0, non-decreasing
     for n, rate in ((1, 2.0), (5, 2.0), (40, 0.7)):
@@ -346,5 +347,5 @@ def check_arrivals(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> C
                     "ValueError.", "una tasa debe ser un número finito mayor que 0 (ni 0, ni "
                     "negativa, ni NaN, ni infinita): compruébelo al principio y, si no, lance "
                     "ValueError.")
-    return finish(passed(name, k, "Los huecos pasan las pruebas de media, forma exponencial "
-                         "e independencia."), raise_on_fail)
+    return passed(name, k, "Los huecos pasan las pruebas de media, forma exponencial "
+                  "e independencia.")

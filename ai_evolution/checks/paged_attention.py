@@ -8,7 +8,7 @@ import numpy as np
 
 from ..engine import (BlockPool, KVCacheManager, LLMEngine, ModelRunner, Request, SamplingParams,
                       Scheduler, find_cached_prefix, hash_block)
-from . import CheckResult, call_student, failed, finish, passed
+from . import CheckResult, call_student, failed, passed, self_check
 
 
 def _state(pool: BlockPool) -> tuple:
@@ -62,6 +62,7 @@ def _apply(pool: BlockPool, op: tuple, tables: list[list[int]]):
     return None
 
 
+@self_check
 def check_block_pool(cls: type, seed: int = 0, model=None, raise_on_fail: bool = True) -> CheckResult:
     """``cls(num_blocks, block_size)`` (a ``BlockPool`` with the student's ``allocate`` and
     ``free``) must leave exactly the reference's state after every operation of seeded
@@ -72,30 +73,29 @@ def check_block_pool(cls: type, seed: int = 0, model=None, raise_on_fail: bool =
         ref, tables_ref = BlockPool(n, 4), []
         mine, crash = call_student(name, cls, n, 4)
         if crash:
-            return finish(failed(name, i, f"{n} bloques", crash), raise_on_fail)
+            return failed(name, i, f"{n} bloques", crash)
         tables_mine: list[list[int]] = []
         for step, op in enumerate(_pool_ops(case_seed, n)):
             expected = _apply(ref, op, tables_ref)
             got, crash = call_student(name, _apply, mine, op, tables_mine)
             label = f"{n} bloques, operación {step} = {op[0]}" + (f"({op[1]})" if op[0] == "allocate" else "")
             if crash:
-                return finish(failed(name, i, label, crash), raise_on_fail)
+                return failed(name, i, label, crash)
             if got != expected:
-                return finish(failed(name, i, label, f"allocate debía devolver {_blocks(expected)} "
-                                     f"y devolvió {_blocks(got)}.", _allocate_hint(expected, got)),
-                              raise_on_fail)
+                return failed(name, i, label, f"allocate debía devolver {_blocks(expected)} "
+                              f"y devolvió {_blocks(got)}.", _allocate_hint(expected, got))
             if _state(mine) != _state(ref):
-                return finish(failed(name, i, label, f"tras la operación se esperaba "
-                                     f"{_describe(_state(ref))} y su pool tiene "
-                                     f"{_describe(_state(mine))}.",
-                                     _pool_hint(op[0], _state(ref), _state(mine))), raise_on_fail)
+                return failed(name, i, label, f"tras la operación se esperaba "
+                              f"{_describe(_state(ref))} y su pool tiene "
+                              f"{_describe(_state(mine))}.",
+                              _pool_hint(op[0], _state(ref), _state(mine)))
     detail = ""
     if model is not None:
         problem = _engine_run(model, seed, pool_cls=cls)
         if problem:
-            return finish(failed(name, len(cases), "motor real con su pool", problem), raise_on_fail)
+            return failed(name, len(cases), "motor real con su pool", problem)
         detail = "En el motor real sirve los mismos tokens que la referencia."
-    return finish(passed(name, len(cases) + (model is not None), detail), raise_on_fail)
+    return passed(name, len(cases) + (model is not None), detail)
 
 
 def _blocks(ids) -> str:
@@ -158,6 +158,7 @@ def _prefix_pools(seed: int):
     return bs, kv.pool, queries
 
 
+@self_check
 def check_prefix_lookup(fn: Callable, seed: int = 0, model=None, raise_on_fail: bool = True) -> CheckResult:
     """``fn(token_ids, block_size, pool) -> list[KVBlock]`` must return the same cached blocks as
     ``find_cached_prefix`` on seeded pools, and give the same tokens and hits in the engine."""
@@ -171,23 +172,21 @@ def check_prefix_lookup(fn: Callable, seed: int = 0, model=None, raise_on_fail: 
         got, crash = call_student(name, fn, query, bs, pool)
         label = f"bloques de {bs} tokens, consulta de {len(query)} tokens"
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         try:
             got_ids = [b.block_id for b in got]
         except (TypeError, AttributeError):
-            return finish(failed(name, i, label, f"devolvió {got!r}; se espera una lista de KVBlock."),
-                          raise_on_fail)
+            return failed(name, i, label, f"devolvió {got!r}; se espera una lista de KVBlock.")
         if got_ids != expected:
-            return finish(failed(name, i, label, f"se esperaban los bloques {expected} y su función "
-                                 f"devolvió {got_ids}.", _prefix_hint(len(query), bs, expected, got_ids)),
-                          raise_on_fail)
+            return failed(name, i, label, f"se esperaban los bloques {expected} y su función "
+                          f"devolvió {got_ids}.", _prefix_hint(len(query), bs, expected, got_ids))
     detail = ""
     if model is not None:
         problem = _engine_run(model, seed, prefix_fn=fn)
         if problem:
-            return finish(failed(name, len(cases), "motor real con su búsqueda", problem), raise_on_fail)
+            return failed(name, len(cases), "motor real con su búsqueda", problem)
         detail = "En el motor real da los mismos tokens y los mismos aciertos que la referencia."
-    return finish(passed(name, len(cases) + (model is not None), detail), raise_on_fail)
+    return passed(name, len(cases) + (model is not None), detail)
 
 
 def _prefix_hint(n: int, bs: int, expected: list, got: list) -> str:

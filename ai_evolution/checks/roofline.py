@@ -25,7 +25,7 @@ from ..model import ModelConfig, dtype_bytes, get_preset, kv_bytes_per_token
 from ..sim import (RooflineCostModel, StepCost, decode_step_cost, matmul_params, ridge_point,
                    step_cost, time_floor_s)
 from ..sim import departure_batch as departure_from_prediction
-from . import CheckResult, call_student, failed, finish, passed
+from . import CheckResult, call_student, failed, passed, self_check
 
 DTYPES = ("bf16", "fp16", "fp32", "int8")
 PRESETS = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.3", "qwen3-0.6b",
@@ -83,6 +83,7 @@ def decode_roofline_cases(seed: int = 0) -> list[tuple[ModelConfig, str, int, in
     return [(get_preset(n), d, b, c, dev) for n, d, b, c, dev in fixed + seeded]
 
 
+@self_check
 def check_decode_roofline(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(config, dtype, batch_size, context_len, bandwidth_bytes_per_s) -> dict`` with keys
     ``bytes``, ``flops``, ``intensity`` and ``floor_s``, as ``reference_decode_roofline``."""
@@ -96,25 +97,24 @@ def check_decode_roofline(fn: Callable, seed: int = 0, raise_on_fail: bool = Tru
                  f"{es(bw / 1e9, 0)} GB/s ({device})")
         got, crash = call_student(name, fn, config, dtype, batch, ctx, bw)
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         if not isinstance(got, dict) or any(k not in got for k in keys):
-            return finish(failed(name, i, label, f"se espera un dict con las claves "
-                                 f"{', '.join(keys)}; se obtuvo {es_value(got)}."), raise_on_fail)
+            return failed(name, i, label, f"se espera un dict con las claves "
+                          f"{', '.join(keys)}; se obtuvo {es_value(got)}.")
         for key in keys:
             value = got[key]
             if not _is_number(value):
-                return finish(failed(name, i, label, f"{key}: devolvió {es_value(value)} "
-                                     f"({type(value).__name__}); se espera un número."),
-                              raise_on_fail)
+                return failed(name, i, label, f"{key}: devolvió {es_value(value)} "
+                              f"({type(value).__name__}); se espera un número.")
             g, e = float(value), expected[key]
             # intensity and floor derive from bytes and flops, each already within REL_TOL
             tol = REL_TOL if key in ("bytes", "flops") else 3 * REL_TOL
             if not math.isclose(g, e, rel_tol=tol):
                 hint = _roofline_hint(key, g, config, dtype, batch, ctx, bw, expected)
-                return finish(failed(name, i, label, f"{key}: se esperaba {_num(e)}"
-                                     f"{_UNITS[key]} y su función devolvió {_num(g)}"
-                                     f"{_UNITS[key]}.", hint), raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+                return failed(name, i, label, f"{key}: se esperaba {_num(e)}"
+                              f"{_UNITS[key]} y su función devolvió {_num(g)}"
+                              f"{_UNITS[key]}.", hint)
+    return passed(name, len(cases))
 
 
 _UNITS = {"bytes": " bytes", "flops": " FLOP", "intensity": " FLOP/byte", "floor_s": " s"}
@@ -305,6 +305,7 @@ def compare_predict(got, n_bytes: float, flops: float, bw: float, peak: float,
     return None
 
 
+@self_check
 def check_predict_step(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(step_bytes, step_flops, bandwidth_bytes_per_s, peak_flops, overhead_s) -> dict``
     with ``time_s``, ``bound`` and ``ridge_intensity``, as ``reference_predict_step``."""
@@ -313,11 +314,11 @@ def check_predict_step(fn: Callable, seed: int = 0, raise_on_fail: bool = True) 
     for i, (label, n_bytes, flops, bw, peak, overhead) in enumerate(cases):
         got, crash = call_student(name, fn, n_bytes, flops, bw, peak, overhead)
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         wrong = compare_predict(got, n_bytes, flops, bw, peak, overhead)
         if wrong:
-            return finish(failed(name, i, label, *wrong), raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+            return failed(name, i, label, *wrong)
+    return passed(name, len(cases))
 
 
 def _time_hint(got: float, n_bytes: float, flops: float, bw: float, peak: float,
@@ -438,6 +439,7 @@ def departure_cases(seed: int = 0) -> list[tuple[str, list[int], list[float], li
     return cases
 
 
+@self_check
 def check_departure_batch(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(batch_sizes, measured_s, step_costs, bandwidth_bytes_per_s, peak_flops, tolerance)
     -> int | None``, as ``reference_departure_batch``."""
@@ -449,18 +451,18 @@ def check_departure_batch(fn: Callable, seed: int = 0, raise_on_fail: bool = Tru
         got, crash = call_student(name, fn, list(batches), list(meas), [dict(c) for c in costs],
                                   bw, peak, tol)
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         ok_type = got is None or (_is_number(got) and float(got).is_integer())
         if not ok_type:
-            return finish(failed(name, i, label, f"devolvió {es_value(got)} "
-                                 f"({type(got).__name__}); se espera un tamaño de lote (int) o "
-                                 "None."), raise_on_fail)
+            return failed(name, i, label, f"devolvió {es_value(got)} "
+                          f"({type(got).__name__}); se espera un tamaño de lote (int) o "
+                          "None.")
         if got != expected:
             shown = "None" if expected is None else str(expected)
             hint = _departure_hint(got, expected, batches, meas, costs, bw, peak, tol)
-            return finish(failed(name, i, label, f"se esperaba {shown} y su función devolvió "
-                                 f"{es_value(got)}.", hint), raise_on_fail)
-    return finish(passed(name, len(departure_cases(seed))), raise_on_fail)
+            return failed(name, i, label, f"se esperaba {shown} y su función devolvió "
+                          f"{es_value(got)}.", hint)
+    return passed(name, len(departure_cases(seed)))
 
 
 def _first(batches, flags):

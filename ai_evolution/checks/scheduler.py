@@ -17,7 +17,7 @@ from ..engine import (KVCacheManager, LLMEngine, ModelRunner, Request, SamplingP
                       newest_unfinished, tokens_for)
 from ..engine.request import RequestStatus
 from ..sim import SimExecutor
-from . import CheckResult, call_student, failed, finish, passed
+from . import CheckResult, call_student, failed, passed, self_check
 from ._engine import TOY_CONFIG, TOY_COST, trace
 
 # The victim rules of the exercise: name -> what it preempts (Spanish, shown to the student).
@@ -78,7 +78,7 @@ def _label(case: dict) -> str:
 
 def _compare(name: str, kw_student: dict, kw_ref: dict, seed: int, model, raise_on_fail: bool,
              hint: Callable[[tuple, tuple], str]) -> CheckResult:
-    return finish(_compare_result(name, kw_student, kw_ref, seed, model, hint), raise_on_fail)
+    return _compare_result(name, kw_student, kw_ref, seed, model, hint)
 
 
 def _compare_result(name: str, kw_student: dict, kw_ref: dict, seed: int, model,
@@ -117,6 +117,7 @@ def _compare_result(name: str, kw_student: dict, kw_ref: dict, seed: int, model,
     return passed(name, len(cases) + (model is not None), detail)
 
 
+@self_check
 def check_token_split(fn: Callable, seed: int = 0, model=None, raise_on_fail: bool = True) -> CheckResult:
     """``fn(want, budget, chunked) -> tokens`` must schedule like ``tokens_for``."""
     def hint(e, g):
@@ -179,6 +180,7 @@ def _victim_hint(fn: Callable, rule: str) -> str:
     return f"vuelva a leer la regla {rule!r}: {VICTIM_RULES[rule]}."
 
 
+@self_check
 def check_victim(fn: Callable, seed: int = 0, model=None, raise_on_fail: bool = True) -> CheckResult:
     """``fn(running, rule) -> Request`` must choose, for every rule of ``VICTIM_RULES``, the same
     preemption victims as ``reference_victim``, step by step on seeded workloads (and give the
@@ -190,11 +192,11 @@ def check_victim(fn: Callable, seed: int = 0, model=None, raise_on_fail: bool = 
                                  {"victim_fn": _with_rule(reference_victim, rule)}, seed, model,
                                  lambda e, g, rule=rule: _victim_hint(fn, rule))
         if not result.passed:
-            return finish(result, raise_on_fail)
+            return result
         cases += result.cases
     detail = (f"Las {len(VICTIM_RULES)} reglas eligen las mismas víctimas que la referencia"
               + (" y dan los mismos tokens en el motor real." if model is not None else "."))
-    return finish(passed(name, cases, detail), raise_on_fail)
+    return passed(name, cases, detail)
 
 
 # --- what each rule costs ------------------------------------------------------------------------
