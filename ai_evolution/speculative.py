@@ -349,7 +349,7 @@ def speculative_generate(target: Transformer, draft: Transformer, prompt_ids: Se
             new = new[:max_new_tokens - len(out.tokens)]
             for j, t in enumerate(new):
                 if t in eos:
-                    new = new[:j]
+                    new = new[:j + 1]
                     break
             out.steps.append(SpecStep(drafted=k_step, accepted=n, emitted=len(new), proposed=tuple(drafts)))
             out.tokens.extend(new)

@@ -272,7 +272,7 @@ def test_sampled_speculation_is_seeded_and_distributed_as_the_target():
     a = speculative_generate(target, draft, prompt, 4, 2, temperature=1.0, seed=9)
     assert a.tokens == speculative_generate(target, draft, prompt, 4, 2, temperature=1.0, seed=9).tokens
     n = 3000
-    second = [speculative_generate(target, draft, prompt, 2, 1, temperature=1.0, seed=s).tokens[1] for s in range(n)]
+    second = [speculative_generate(target, draft, prompt, 3, 2, temperature=1.0, seed=s).tokens[1] for s in range(n)]
     result = chi_square_gof(_counts(second, 8), exact)
     assert result["num_samples"] == n and result["p_value"] > 0.01, result
     assert chi_square_gof(_counts(second, 8), seconds[0])["p_value"] < 1e-6  # it does tell them apart
