@@ -30,8 +30,9 @@ test: $(VENV)/.installed
 
 # The everyday tier while editing: unit, property, engine, server and lab tests; no notebook
 # execution, no book build, no grading kernels (those are marked `slow`, see tests/conftest.py).
+# Two workers (pytest-xdist): every test in this tier is independent of the others' process.
 check: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -m "not slow" --durations=10
+	$(BIN)/python -m pytest -q -m "not slow" -n 2 --durations=10
 
 student: $(VENV)/.installed
 	$(BIN)/python scripts/make_student.py
