@@ -25,10 +25,12 @@ from ..model import ModelConfig, dtype_bytes, get_preset, kv_bytes_per_token
 from ..model.memory import linear_shapes, parse_weight_format, unquantized_params
 from ..model.quant import (dequantize_int8, quantize_int4, quantize_int8, quantize_model,
                            quantized_layers, unpack_int4)
-from . import CheckResult, call_student, check_student_extension, failed, finish, passed  # noqa: F401
+from . import (CheckResult, call_student, check_student_extension, failed, passed,  # noqa: F401
+               self_check)
 
 
-def reference_quantize_int4_groups(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_quantize_int4_groups(w: torch.Tensor,
+                                   group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int4 with one scale per ``group_size`` consecutive inputs of each row:
     ``scale = max|group| / 7``, ``q = round(w / scale)`` clipped to [-8, 7] and stored as
     ``q + 8`` (0..15), two per byte, column ``2j`` in the high nibble of byte ``j`` and
@@ -156,30 +158,31 @@ def _student_model(model, fmt: str, fn: Callable, group_size: int | None = None)
     return quantized, None
 
 
-def _in_model(name: str, fn: Callable, model, fmt: str, cases: int, raise_on_fail: bool,
+def _in_model(name: str, fn: Callable, model, fmt: str, cases: int,
               group_size: int | None = None, seed: int = 0) -> CheckResult:
     from ..generation import generate
 
     label = f"el modelo {model.config.name} cuantizado en {fmt} con su función"
     built, problem = _student_model(model, fmt, fn, group_size)
     if problem:
-        return finish(failed(name, cases, label, problem), raise_on_fail)
+        return failed(name, cases, label, problem)
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist()
                for n in (6, 11, 9)]
     expected = generate(quantize_model(model, fmt), prompts, 12)
     got, crash = call_student(name, generate, built, prompts, 12)
     if crash:
-        return finish(failed(name, cases, label, crash), raise_on_fail)
+        return failed(name, cases, label, crash)
     for row, (e, o) in enumerate(zip(expected, got)):
         if e != o:
             j = next(k for k in range(len(e)) if e[k] != o[k])
-            return finish(failed(name, cases, label, f"en el prompt {row + 1}, el token generado "
-                                 f"{j + 1} debía ser {e[j]} y fue {o[j]}."), raise_on_fail)
-    return finish(passed(name, cases + 1, f"Dentro de {model.config.name} genera los mismos "
-                         f"tokens que la cuantización {fmt} de la biblioteca."), raise_on_fail)
+            return failed(name, cases, label, f"en el prompt {row + 1}, el token generado "
+                          f"{j + 1} debía ser {e[j]} y fue {o[j]}.")
+    return passed(name, cases + 1, f"Dentro de {model.config.name} genera los mismos "
+                  f"tokens que la cuantización {fmt} de la biblioteca.")
 
 
+@self_check
 def check_quantize_int8(fn: Callable, seed: int = 0, model=None,
                         raise_on_fail: bool = True) -> CheckResult:
     """``fn(w) -> (q int8 [N, K], scale [N])`` as ``model.quant.quantize_int8`` (float32 ``w``);
@@ -190,20 +193,20 @@ def check_quantize_int8(fn: Callable, seed: int = 0, model=None,
     for i, (label, w) in enumerate(cases):
         got, crash = call_student(name, fn, w.clone())
         if crash:
-            return finish(failed(name, i, label, crash, "Una fila toda a cero tiene escala 0: "
-                                 "sus enteros son 0, sin dividir entre cero."), raise_on_fail)
+            return failed(name, i, label, crash, "Una fila toda a cero tiene escala 0: "
+                          "sus enteros son 0, sin dividir entre cero.")
         wrong = compare_int8(got, w)
         if wrong:
-            return finish(failed(name, i, label, *wrong), raise_on_fail)
+            return failed(name, i, label, *wrong)
         q, s = got
         err = (w - dequantize_int8(q, s)).abs() / torch.where(s == 0, 1, s)[:, None]
         worst = max(worst, float(err.max()))
     if model is not None:
-        return _in_model(name, fn, model, "int8", len(cases), raise_on_fail, seed=seed)
-    return finish(passed(name, len(cases), f"El mayor error fue {es(worst, 3)} escalas (≤ 0,5)."),
-                  raise_on_fail)
+        return _in_model(name, fn, model, "int8", len(cases), seed=seed)
+    return passed(name, len(cases), f"El mayor error fue {es(worst, 3)} escalas (≤ 0,5).")
 
 
+@self_check
 def check_dequantize_int8(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(q, scale) -> float32 [N, K]``, ``q x scale`` row by row (``dequantize_int8``)."""
     name = "descuantizar int8"
@@ -213,21 +216,21 @@ def check_dequantize_int8(fn: Callable, seed: int = 0, raise_on_fail: bool = Tru
         expected = dequantize_int8(q, s)
         got, crash = call_student(name, fn, q.clone(), s.clone())
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         if (bad := _tensor_problem(got, tuple(expected.shape), torch.float32, "resultado")):
-            return finish(failed(name, i, label, bad, "Devuelva la matriz [out, in] en float32."),
-                          raise_on_fail)
+            return failed(name, i, label, bad, "Devuelva la matriz [out, in] en float32.")
         if not torch.allclose(got, expected, rtol=1e-6, atol=0.0):
-            r, c = [int(x) for x in (~torch.isclose(got, expected, rtol=1e-6, atol=0.0)).nonzero()[0]]
+            off = ~torch.isclose(got, expected, rtol=1e-6, atol=0.0)
+            r, c = [int(x) for x in off.nonzero()[0]]
             hint = "Cada entero vale su valor por la escala de su fila."
             n_rows, n_cols = q.shape
             if n_rows == n_cols and torch.allclose(got, q.float() * s.float()[None, :]):
                 hint = ("La escala de la fila r multiplica todos los enteros de la fila r: "
                         "colóquela como columna, no como fila.")
-            return finish(failed(name, i, label, f"fila {r + 1}, columna {c + 1}: se esperaba "
-                                 f"{es_sig(float(expected[r, c]))} y se obtuvo "
-                                 f"{es_sig(float(got[r, c]))}.", hint), raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+            return failed(name, i, label, f"fila {r + 1}, columna {c + 1}: se esperaba "
+                          f"{es_sig(float(expected[r, c]))} y se obtuvo "
+                          f"{es_sig(float(got[r, c]))}.", hint)
+    return passed(name, len(cases))
 
 
 # --- (b) int4 per group, packed ----------------------------------------------------------------
@@ -241,7 +244,8 @@ def int4_cases(seed: int = 0) -> list[tuple[str, torch.Tensor, int]]:
     w = _seeded(seed + 30, (4, 128), 0.1)
     w[1, 32:64] = 0.0
     w[2, :] = 0.0
-    cases.append((_label(w, "grupos de 32; un grupo de la fila 2 y la fila 3 enteros a cero"), w, 32))
+    cases.append((_label(w, "grupos de 32; un grupo de la fila 2 y la fila 3 enteros a cero"),
+                  w, 32))
     w = _seeded(seed + 31, (5, 128), 0.05)
     w[:, 70] *= 300.0
     cases.append((_label(w, "grupos de 64; la columna 71 con valores atípicos"), w, 64))
@@ -307,6 +311,7 @@ def compare_int4(got, w: torch.Tensor, g: int) -> tuple[str, str] | None:
                      "[−8, 7] y desplazado en 8; dos por byte, la columna par en los bits altos.")
 
 
+@self_check
 def check_quantize_int4_groups(fn: Callable, seed: int = 0, model=None,
                                raise_on_fail: bool = True) -> CheckResult:
     """``fn(w, group_size) -> (packed uint8 [N, K / 2], scale [N, K / group_size])`` as
@@ -317,10 +322,10 @@ def check_quantize_int4_groups(fn: Callable, seed: int = 0, model=None,
     for i, (label, w, g) in enumerate(cases):
         got, crash = call_student(name, fn, w.clone(), g)
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         wrong = compare_int4(got, w, g)
         if wrong:
-            return finish(failed(name, i, label, *wrong), raise_on_fail)
+            return failed(name, i, label, *wrong)
     for j, (shape, g) in enumerate(BAD_GROUPS):
         i = len(cases) + j
         label = f"matriz {shape[0]} × {shape[1]} con grupos de {g}: {g} no divide {shape[1]}"
@@ -331,18 +336,17 @@ def check_quantize_int4_groups(fn: Callable, seed: int = 0, model=None,
         except ValueError:
             continue
         except Exception as err:  # noqa: BLE001 - the wrong kind of error is a finding
-            return finish(failed(name, i, label, f"su función lanzó {type(err).__name__}: {err}",
-                                 "Ante un tamaño de grupo que no divide la fila, lance "
-                                 "ValueError con un mensaje que lo diga."), raise_on_fail)
-        return finish(failed(name, i, label, f"se esperaba ValueError y su función devolvió "
-                             f"{es_value(type(got).__name__)}.",
-                             "Compruebe antes de cuantizar que group_size divide el número de "
-                             "columnas; si no, lance ValueError con un mensaje que lo diga."),
-                      raise_on_fail)
+            return failed(name, i, label, f"su función lanzó {type(err).__name__}: {err}",
+                          "Ante un tamaño de grupo que no divide la fila, lance "
+                          "ValueError con un mensaje que lo diga.")
+        return failed(name, i, label, f"se esperaba ValueError y su función devolvió "
+                      f"{es_value(type(got).__name__)}.",
+                      "Compruebe antes de cuantizar que group_size divide el número de "
+                      "columnas; si no, lance ValueError con un mensaje que lo diga.")
     n = len(cases) + len(BAD_GROUPS)
     if model is not None:
-        return _in_model(name, fn, model, "int4-g64", n, raise_on_fail, group_size=64, seed=seed)
-    return finish(passed(name, n), raise_on_fail)
+        return _in_model(name, fn, model, "int4-g64", n, group_size=64, seed=seed)
+    return passed(name, n)
 
 
 # --- (c) the step a weight format allows ------------------------------------------------------
@@ -422,11 +426,12 @@ def _predict_hint(got: float, config, fmt, dtype, ctx, bw, overhead) -> str:
         if key in v and close(got, t(key)):
             return text
     return ("Sume los bytes de cada capa lineal en el formato (enteros y, por grupo, escala y, "
-            "si es asimétrico, cero), los demás parámetros y una fila de embeddings en el dtype, "
-            "y la caché de context_len + 1 tokens; divida entre el ancho de banda y sume el "
+            "si es asimétrico, cero), los demás parámetros y una fila de embeddings en el "
+            "dtype, y la caché de context_len + 1 tokens; divida entre el ancho de banda y sume el "
             "overhead.")
 
 
+@self_check
 def check_predict_step_s(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(config, weight_format, dtype, context_len, bandwidth_bytes_per_s, overhead_s) ->
     seconds``, as ``labs.quantization.reference_predict_step_s``."""
@@ -440,13 +445,12 @@ def check_predict_step_s(fn: Callable, seed: int = 0, raise_on_fail: bool = True
         expected = reference_predict_step_s(config, fmt, dtype, ctx, bw, overhead)
         got, crash = call_student(name, fn, config, fmt, dtype, ctx, bw, overhead)
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         if not isinstance(got, (int, float, np.number)) or isinstance(got, (bool, np.bool_)):
-            return finish(failed(name, i, label, f"devolvió {es_value(got)}; se espera un número "
-                                 "de segundos."), raise_on_fail)
+            return failed(name, i, label, f"devolvió {es_value(got)}; se espera un número "
+                          "de segundos.")
         if not math.isclose(float(got), expected, rel_tol=1e-6):
-            return finish(failed(name, i, label, f"se esperaban {es_sig(1e3 * expected)} ms y "
-                                 f"su función dio {es_sig(1e3 * float(got))} ms.",
-                                 _predict_hint(float(got), config, fmt, dtype, ctx, bw, overhead)),
-                          raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+            return failed(name, i, label, f"se esperaban {es_sig(1e3 * expected)} ms y "
+                          f"su función dio {es_sig(1e3 * float(got))} ms.",
+                          _predict_hint(float(got), config, fmt, dtype, ctx, bw, overhead))
+    return passed(name, len(cases))

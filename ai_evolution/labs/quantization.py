@@ -115,8 +115,9 @@ def speed_ladder(fp32_model, device, group_size: int) -> list[dict]:
 
 def measure_speed(params: dict, seed: int, device: torch.device | str) -> dict:
     """Every timing of the lab in one interleaved run, with ``params["torch_threads"]`` threads
-    (the models are built before, with torch's own): per round, one sample of the read probe and one median decode step of each rung of
-    :func:`speed_ladder`. Plain lists, one value per round."""
+    (the models are built before, with torch's own): per round, one sample of the read probe
+    and one median decode step of each rung of :func:`speed_ladder`. Plain lists, one value
+    per round."""
     device = torch.device(device)
     fp32 = load_model(params["speed_model"], seed, device, dtype=torch.float32).eval()
     check_params(params, fp32.config)
@@ -235,7 +236,8 @@ def _measure_quality(params: dict) -> dict:
                      "bytes_per_weight": linear_bytes / n_linear,
                      "model_bytes": model_bytes(model),
                      "model_bytes_predicted": weight_bytes(cfg, rung["dtype"], weight_format=fmt),
-                     "chunk_nll": nll.tolist(), "perplexity": float(np.exp(nll.sum() / counts.sum())),
+                     "chunk_nll": nll.tolist(),
+                     "perplexity": float(np.exp(nll.sum() / counts.sum())),
                      "top1_agreement": same / counts.sum(),
                      "identical_continuations": sum(p == len(x) for p, x in zip(prefix, cont)),
                      "tokens_before_divergence": prefix,
@@ -618,7 +620,8 @@ def report(params: dict, speed: dict, speed_found: dict, quality: dict, quality_
         _ev(f"Perplejidad de {quality['model']} en {quality['held_out_tokens']} tokens de texto "
             "que su entrenamiento no vio: " + "; ".join(
                 f"{r['label']} {es(r['perplexity'], 1)}" for r in qrows)
-            + f". Frente de Pareto (bytes por peso, perplejidad): {', '.join(quality_found['pareto'])}.",
+            + ". Frente de Pareto (bytes por peso, perplejidad): "
+            + ", ".join(quality_found["pareto"]) + ".",
             qrows[1]["perplexity"], "perplejidad", "measured", True),
         _ev("Coincidencia del token más probable con fp32 en ese texto: " + "; ".join(
             f"{r['label']} {es(100 * r['top1_agreement'], 1)} %" for r in qrows) + ".",

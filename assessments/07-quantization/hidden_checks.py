@@ -73,8 +73,10 @@ def _dequantize_edges(fn, raise_on_fail=False):
         if crash:
             return failed(name, i, label, crash)
         if not torch.is_tensor(got) or got.shape != expected.shape or got.dtype != torch.float32:
+            shown = (f"forma {tuple(got.shape)}, {got.dtype}" if torch.is_tensor(got)
+                     else es_value(got))
             return failed(name, i, label, f"se esperaba un tensor float32 de forma "
-                          f"{tuple(expected.shape)}; se obtuvo {es_value(got) if not torch.is_tensor(got) else (tuple(got.shape), str(got.dtype))}.")
+                          f"{tuple(expected.shape)}; se obtuvo {shown}.")
         if not torch.allclose(got, expected, rtol=1e-6, atol=0.0):
             return failed(name, i, label, "los valores no son cada entero por la escala de su "
                           "fila.", "Cada fila se multiplica por su escala, en float32.")
@@ -96,7 +98,8 @@ def _int4_edges(fn, raise_on_fail=False):
     g = torch.Generator().manual_seed(11)
     neg = torch.zeros(2, 64)
     neg[0, 5] = -1.5
-    cases = [("un solo grupo por fila (3 × 32, grupos de 32)", torch.randn(3, 32, generator=g), 32),
+    cases = [("un solo grupo por fila (3 × 32, grupos de 32)",
+              torch.randn(3, 32, generator=g), 32),
              ("matriz toda a cero (2 × 64, grupos de 64)", torch.zeros(2, 64), 64),
              ("fila larga (1 × 1024, grupos de 128)", torch.randn(1, 1024, generator=g), 128),
              ("un grupo con un único peso negativo (grupos de 32)", neg, 32)]
