@@ -254,9 +254,10 @@ def threshold(value: float, limit: float, *, what: str, passed: str, failed: str
 
 def growth(n: Sequence[float], t: Sequence[float], *, what: str, linear_below: float = 1.25,
            superlinear_above: float = 1.5, linear: str = "", superlinear: str = "",
-           between: str = "") -> Claim:
+           between: str = "", fitted: str = "del tiempo ajustado") -> Claim:
     """How fast ``t`` grows with ``n``: the non-negative fit's exponent at the largest ``n``
-    (1: linear, 2: quadratic) and the share of its quadratic term, with the branch they imply."""
+    (1: linear, 2: quadratic) and the share of its quadratic term, with the branch they imply.
+    ``fitted`` names the fitted quantity in the sentence (e.g. "de la memoria ajustada")."""
     n, t = [float(x) for x in n], [float(x) for x in t]
     fit = fit_growth(n, t)
     e = fit["exponent"]
@@ -268,10 +269,12 @@ def growth(n: Sequence[float], t: Sequence[float], *, what: str, linear_below: f
         outcome, phrase = BETWEEN, between or "crece algo más rápido que lineal, sin llegar a cuadrático"
     numbers = (f"{what}: exponente de crecimiento {es(e, 2)} en n = {es(max(n), 0)} "
                f"(1 lineal, 2 cuadrático); el término cuadrático explica el "
-               f"{es(100 * fit['quadratic_share'], 0)}\u00a0% del tiempo ajustado")
+               f"{es(100 * fit['quadratic_share'], 0)}\u00a0% {fitted}")
     inputs = {"n": n, "t": t, "what": what, "linear_below": linear_below,
               "superlinear_above": superlinear_above, "linear": linear,
               "superlinear": superlinear, "between": between}
+    if fitted != "del tiempo ajustado":   # older contracts rebuild without the key
+        inputs["fitted"] = fitted
     return Claim("growth", outcome, _sentence(numbers, phrase), e, inputs)
 
 

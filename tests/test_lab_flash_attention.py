@@ -124,6 +124,10 @@ def test_theory_shaped_measurements_meet_every_criterion():
     assert all(found[k].outcome == claims.PASSED for k in found if k.startswith(("exact", "logits")))
     assert found["memory_naive"].outcome == claims.SUPERLINEAR and "N²" in found["memory_naive"].text
     assert found["memory_tiled"].outcome == claims.LINEAR
+    assert "de la memoria ajustada" in found["memory_naive"].text
+    assert "tiempo" not in found["memory_naive"].text
+    assert claims.rebuild({"kind": "growth", "inputs": found["memory_naive"].inputs}).text == \
+        found["memory_naive"].text
     assert found["time_tiled_sdpa"].outcome == claims.HIGHER
     assert "tarda más que el núcleo fusionado" in found["time_tiled_sdpa"].text
     body = lab.report(PARAMS, GOOD_EXACT, MODEL, memory(), timing(), CPU, found)
@@ -397,3 +401,22 @@ def test_a_challenge_without_its_keys_is_refused():
     del ext["measurement"]["counted_bytes"]
     result = checks.check_challenge(ext, raise_on_fail=False)
     assert not result.passed and "counted_bytes" in result.message
+
+
+# --- the figures ----------------------------------------------------------------------------------
+
+def test_figures_show_the_io_model_the_measured_memory_and_the_time():
+    import matplotlib
+    matplotlib.use("Agg")
+    from ai_evolution.plots import attention_time_figure, flash_io_memory_figure
+
+    io = lab.io_model(PARAMS)
+    fig = flash_io_memory_figure(io, memory())
+    io_ax, sweep_ax, mem_ax = fig.axes
+    assert all(ax.get_title() for ax in fig.axes) and "MB" in io_ax.get_ylabel()
+    hollow = [ln for ln in sweep_ax.get_lines() if ln.get_markerfacecolor() == "none"]
+    assert len(hollow[0].get_xdata()) == sum(not r["fits"] for r in io["sweep"]) > 0
+    labels = [t.get_text() for t in mem_ax.get_legend().get_texts()]
+    assert labels[:3] == ["ingenua", "por bloques", "SDPA"]
+    fig = attention_time_figure(timing())
+    assert "ms" in fig.axes[0].get_ylabel() and len(fig.axes[0].get_lines()) == 3

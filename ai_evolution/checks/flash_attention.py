@@ -18,7 +18,7 @@ from ..model.attention import cached_attention
 from ..model.flash import (init_state, online_softmax_update as reference_update,
                            peak_memory_bytes, random_qkv)
 from ..sim.attention_io import best_tiles, flash_io, naive_io, working_set_bytes
-from . import CheckResult, call_student, check_student_extension, failed, finish, passed  # noqa: F401
+from . import CheckResult, call_student, check_student_extension, failed, passed, self_check  # noqa: F401
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
@@ -122,6 +122,7 @@ def _as_state(got) -> tuple[torch.Tensor, ...] | None:
     return None
 
 
+@self_check
 def check_online_softmax_update(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(m, l, o, scores, v) -> (m, l, o)``: one tile folded into the running softmax state,
     as ``model.flash.online_softmax_update`` (``o`` unnormalised)."""
@@ -131,27 +132,26 @@ def check_online_softmax_update(fn: Callable, seed: int = 0, raise_on_fail: bool
         expected = reference_update(m, l, o, scores, v)
         got, crash = call_student(name, fn, m.clone(), l.clone(), o.clone(), scores.clone(), v.clone())
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         state = _as_state(got)
         if state is None:
-            return finish(failed(name, i, label, f"se esperaba una tupla (m, l, o) de tres tensores "
-                                 f"y se obtuvo {es_value(got) if not torch.is_tensor(got) else 'un solo tensor'}."),
-                          raise_on_fail)
+            return failed(name, i, label, f"se esperaba una tupla (m, l, o) de tres tensores "
+                          f"y se obtuvo {es_value(got) if not torch.is_tensor(got) else 'un solo tensor'}.")
         for key, g_, e in zip("mlo", state, expected):
             if g_.shape != e.shape:
-                return finish(failed(name, i, label, f"{key} tiene forma {tuple(g_.shape)}; se "
-                                     f"esperaba {tuple(e.shape)}."), raise_on_fail)
+                return failed(name, i, label, f"{key} tiene forma {tuple(g_.shape)}; se "
+                              f"esperaba {tuple(e.shape)}.")
         if any(bool(torch.isnan(g_).any()) for g_ in state):
             hint = ("Una fila que todavía no ha visto ninguna clave visible tiene m = -inf, y "
                     "-inf menos -inf no es un número: en esas filas reste 0 en lugar del máximo "
-                    "antes de tomar las exponenciales, y el estado queda como estaba." if "enmascarada" in label else
+                    "antes de tomar las exponenciales, y el estado queda como estaba."
+                    if "enmascarada" in label else
                     "Reste siempre el máximo antes de tomar la exponencial: así ninguna "
                     "exponencial pasa de 1 y nada desborda.")
-            return finish(failed(name, i, label, "el estado devuelto contiene NaN.", hint), raise_on_fail)
+            return failed(name, i, label, "el estado devuelto contiene NaN.", hint)
         if any(bool(torch.isinf(g_).any()) for g_ in state[1:]):
-            return finish(failed(name, i, label, "l u o contienen valores infinitos: una "
-                                 "exponencial desbordó.", UPDATE_HINTS["max_not_updated"]),
-                          raise_on_fail)
+            return failed(name, i, label, "l u o contienen valores infinitos: una "
+                          "exponencial desbordó.", UPDATE_HINTS["max_not_updated"])
         wrong = [key for key, g_, e in zip("mlo", state, expected) if not _close(g_, e)]
         if wrong:
             key = wrong[0]
@@ -164,8 +164,8 @@ def check_online_softmax_update(fn: Callable, seed: int = 0, raise_on_fail: bool
                 if all(_close(g_, e) for g_, e in zip(state, variant)):
                     hint = UPDATE_HINTS[mistake]
                     break
-            return finish(failed(name, i, label, problem, hint), raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+            return failed(name, i, label, problem, hint)
+    return passed(name, len(cases))
 
 
 # --- (2) the tiled loop with the causal mask -----------------------------------------------------
@@ -273,6 +273,7 @@ def _call_tiled(fn, case: dict):
     return call_student("", fn, case["q"].clone(), case["k"].clone(), case["v"].clone(), **kwargs)
 
 
+@self_check
 def check_tiled_attention(fn: Callable, seed: int = 0, memory_n: int = 1024,
                           raise_on_fail: bool = True) -> CheckResult:
     """``fn(q, k, v, causal=, q_positions=, block_q=, block_k=) -> out``: attention by tiles with
@@ -285,24 +286,23 @@ def check_tiled_attention(fn: Callable, seed: int = 0, memory_n: int = 1024,
                  f"bloques de {case['block_q']} × {case['block_k']}")
         got, crash = _call_tiled(fn, case)
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         expected = _reference(case["q"], case["k"], case["v"], case["causal"], case["q_positions"])
         if not torch.is_tensor(got) or got.shape != expected.shape:
             shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
-            return finish(failed(name, i, label, f"se esperaba un tensor de forma "
-                                 f"{tuple(expected.shape)} y se obtuvo {shape}."), raise_on_fail)
+            return failed(name, i, label, f"se esperaba un tensor de forma "
+                          f"{tuple(expected.shape)} y se obtuvo {shape}.")
         if got.dtype != case["q"].dtype:
-            return finish(failed(name, i, label, f"la salida es {got.dtype} y q es "
-                                 f"{case['q'].dtype}.", "Devuelva la salida en el dtype de q, "
-                                 "aunque calcule por dentro en float32."), raise_on_fail)
+            return failed(name, i, label, f"la salida es {got.dtype} y q es "
+                          f"{case['q'].dtype}.", "Devuelva la salida en el dtype de q, "
+                          "aunque calcule por dentro en float32.")
         if not bool(torch.isfinite(got).all()):
             hint = ("Calcule las puntuaciones, el máximo, la suma y la salida acumulada en "
                     "float32, como hace un núcleo de GPU en sus registros: en fp16, un producto "
                     "q · k de este tamaño no cabe." if case["q"].dtype == torch.float16 else
                     "Una fila sin claves visibles produce 0 / 0: compruebe la máscara del bloque "
                     "diagonal.")
-            return finish(failed(name, i, label, "la salida contiene valores no finitos.", hint),
-                          raise_on_fail)
+            return failed(name, i, label, "la salida contiene valores no finitos.", hint)
         err = float((got.double() - expected).abs().max())
         if err > case["atol"]:
             hint = ("Compare su bucle con la definición: para cada bloque de consultas, recorra los "
@@ -312,9 +312,9 @@ def check_tiled_attention(fn: Callable, seed: int = 0, memory_n: int = 1024,
                 if float((got.double() - variant).abs().max()) <= case["atol"]:
                     hint = TILED_HINTS[mistake]
                     break
-            return finish(failed(name, i, label, f"la salida difiere de la atención exacta "
-                                 f"(diferencia máxima {es_sig(err, 3)}, tolerancia "
-                                 f"{es_sig(case['atol'], 2)}).", hint), raise_on_fail)
+            return failed(name, i, label, f"la salida difiere de la atención exacta "
+                          f"(diferencia máxima {es_sig(err, 3)}, tolerancia "
+                          f"{es_sig(case['atol'], 2)}).", hint)
     # The point of the tiles: no N x N matrix at once.
     q, k, v = random_qkv(1, 1, 1, memory_n, memory_n, 16, seed=seed + 2)
     label = (f"memoria: una cabeza, N = {memory_n}, bloques de 64 × 64; la matriz de "
@@ -325,17 +325,17 @@ def check_tiled_attention(fn: Callable, seed: int = 0, memory_n: int = 1024,
         (got, crash), peak = peak_memory_bytes(
             lambda: call_student(name, fn, q, k, v, causal=True, block_q=64, block_k=64))
     if crash:
-        return finish(failed(name, len(cases), label, crash), raise_on_fail)
+        return failed(name, len(cases), label, crash)
     limit = memory_n ** 2 * 4 // 4
     if peak > limit:
-        return finish(failed(name, len(cases), label, f"su función llegó a tener "
-                             f"{es_bytes(peak)} reservados a la vez; con bloques de 64 × 64 no "
-                             f"debería pasar de {es_bytes(limit)}.",
-                             "No guarde la matriz de puntuaciones entera: calcule y use las "
-                             "puntuaciones de un bloque de consultas contra un bloque de claves, "
-                             "y quédese solo con el estado de cada fila."), raise_on_fail)
-    return finish(passed(name, len(cases) + 1, f"Sin matrices de N × N: con N = {memory_n}, su "
-                         f"función reservó menos de {es_bytes(limit)} a la vez."), raise_on_fail)
+        return failed(name, len(cases), label, f"su función llegó a tener "
+                      f"{es_bytes(peak)} reservados a la vez; con bloques de 64 × 64 no "
+                      f"debería pasar de {es_bytes(limit)}.",
+                      "No guarde la matriz de puntuaciones entera: calcule y use las "
+                      "puntuaciones de un bloque de consultas contra un bloque de claves, "
+                      "y quédese solo con el estado de cada fila.")
+    return passed(name, len(cases) + 1, f"Sin matrices de N × N: con N = {memory_n}, su "
+                  f"función reservó menos de {es_bytes(limit)} a la vez.")
 
 
 # --- (3) the attention step inside the model ----------------------------------------------------
@@ -355,6 +355,7 @@ def _step_cases(seed: int):
         yield label, *tensors, positions
 
 
+@self_check
 def check_flash_step(fn: Callable, seed: int = 0, model=None, prompts=None,
                      max_new_tokens: int = 12, raise_on_fail: bool = True) -> CheckResult:
     """``fn(q, k_new, v_new, k_cache, v_cache, positions)``, ``cached_attention``'s contract,
@@ -369,27 +370,28 @@ def check_flash_step(fn: Callable, seed: int = 0, model=None, prompts=None,
         got, crash = call_student(name, fn, q, k_new.clone(), v_new.clone(), k_cache, v_cache,
                                   positions)
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         if not torch.is_tensor(got) or got.shape != expected.shape:
             shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
-            return finish(failed(name, i, label, f"se esperaba un tensor de forma "
-                                 f"{tuple(expected.shape)} y se obtuvo {shape}."), raise_on_fail)
+            return failed(name, i, label, f"se esperaba un tensor de forma "
+                          f"{tuple(expected.shape)} y se obtuvo {shape}.")
         if not torch.equal(k_cache, ref_k) or not torch.equal(v_cache, ref_v):
             bad = (k_cache != ref_k).any(-1) | (v_cache != ref_v).any(-1)
             b, hk, pos = [int(x) for x in bad.nonzero()[0]]
-            return finish(failed(
-                name, i, label, f"la caché quedó mal escrita: la fila {b}, cabeza KV {hk}, "
-                f"posición {pos} no contiene lo esperado.",
-                "Antes de atender, escriba las claves y los valores nuevos en la caché, cada uno "
-                "en la posición de su token, sin tocar el resto."), raise_on_fail)
+            return failed(
+                          name, i, label, f"la caché quedó mal escrita: la fila {b}, cabeza KV {hk}, "
+                          f"posición {pos} no contiene lo esperado.",
+                          "Antes de atender, escriba las claves y los valores nuevos en la caché, cada uno "
+                          "en la posición de su token, sin tocar el resto.")
         err = float((got - expected).abs().max())
         if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
-            return finish(failed(
-                name, i, label, f"la salida difiere de la referencia (diferencia máxima "
-                f"{es_sig(err, 3)}).",
-                "Cada token nuevo está en la posición que dice positions, no en las últimas de la "
-                "caché: pase esas posiciones a su atención por bloques, con máscara causal, sobre "
-                "las ranuras de la caché hasta la mayor de ellas."), raise_on_fail)
+            return failed(
+                          name, i, label, f"la salida difiere de la referencia (diferencia máxima "
+                          f"{es_sig(err, 3)}).",
+                          "Cada token nuevo está en la posición que dice positions, no en las "
+                          "últimas de la caché: pase esas posiciones a su atención por bloques, "
+                          "con máscara causal, sobre las ranuras de la caché hasta la mayor de "
+                          "ellas.")
     if model is None:
         from ..model.checkpoint import load_pretrained
 
@@ -404,16 +406,15 @@ def check_flash_step(fn: Callable, seed: int = 0, model=None, prompts=None,
     label = (f"generación voraz de {max_new_tokens} tokens con el modelo {model.config.name}, "
              f"prompts de {', '.join(str(len(p)) for p in prompts)} tokens")
     if crash:
-        return finish(failed(name, len(cases), label, crash), raise_on_fail)
+        return failed(name, len(cases), label, crash)
     for row, (e, g_) in enumerate(zip(expected_tokens, got_tokens)):
         if e != g_:
             j = next(k for k in range(len(e)) if k >= len(g_) or e[k] != g_[k])
             got_j = g_[j] if j < len(g_) else "nada"
-            return finish(failed(name, len(cases), label, f"en el prompt {row + 1}, el token "
-                                 f"generado {j + 1} debía ser {e[j]} y fue {got_j}."),
-                          raise_on_fail)
-    return finish(passed(name, len(cases) + 1, "Dentro del modelo real genera exactamente los "
-                         "mismos tokens que la referencia."), raise_on_fail)
+            return failed(name, len(cases), label, f"en el prompt {row + 1}, el token "
+                          f"generado {j + 1} debía ser {e[j]} y fue {got_j}.")
+    return passed(name, len(cases) + 1, "Dentro del modelo real genera exactamente los "
+                  "mismos tokens que la referencia.")
 
 
 # --- (4) the IO model: bytes the tiled loop moves ------------------------------------------------
@@ -469,6 +470,7 @@ BYTES_HINTS = {
 }
 
 
+@self_check
 def check_tiled_bytes(fn: Callable, raise_on_fail: bool = True) -> CheckResult:
     """``fn(n, d, block_q, block_k, elem_bytes, causal) -> bytes``, as
     ``reference_tiled_bytes``."""
@@ -480,11 +482,11 @@ def check_tiled_bytes(fn: Callable, raise_on_fail: bool = True) -> CheckResult:
         expected = reference_tiled_bytes(n, d, bq, bk, e, causal)
         got, crash = call_student(name, fn, n, d, bq, bk, e, causal)
         if crash:
-            return finish(failed(name, i, label, crash), raise_on_fail)
+            return failed(name, i, label, crash)
         if isinstance(got, bool) or not isinstance(got, (int, float)) and not (
                 torch.is_tensor(got) and got.numel() == 1):
-            return finish(failed(name, i, label, f"devolvió {es_value(got)}; se espera un "
-                                 "número de bytes."), raise_on_fail)
+            return failed(name, i, label, f"devolvió {es_value(got)}; se espera un "
+                          "número de bytes.")
         got = float(got)
         if not math.isclose(got, expected, rel_tol=1e-12):
             hint = ("Cuente, para cada bloque de consultas, sus filas de Q (una lectura), las "
@@ -493,9 +495,9 @@ def check_tiled_bytes(fn: Callable, raise_on_fail: bool = True) -> CheckResult:
                 if math.isclose(got, value, rel_tol=1e-12):
                     hint = BYTES_HINTS[mistake]
                     break
-            return finish(failed(name, i, label, f"se esperaban {es(expected, 0)} bytes y su "
-                                 f"función devolvió {es_sig(got, 9)}.", hint), raise_on_fail)
-    return finish(passed(name, len(cases)), raise_on_fail)
+            return failed(name, i, label, f"se esperaban {es(expected, 0)} bytes y su "
+                          f"función devolvió {es_sig(got, 9)}.", hint)
+    return passed(name, len(cases))
 
 
 # --- the challenge: the tiles that move the fewest bytes ----------------------------------------
@@ -504,6 +506,7 @@ CHALLENGE_KEYS = ("n", "head_dim", "fast_memory_bytes", "block_q", "block_k", "w
                   "tiled_bytes", "naive_bytes", "counted_bytes")
 
 
+@self_check
 def check_challenge(ext: dict, raise_on_fail: bool = True) -> CheckResult:
     """The challenge's ``student_extension``: the tiles are those ``best_tiles`` picks for that
     fast memory (causal prefill, fp16), they fit, and every byte count is the IO model's; the
@@ -512,40 +515,39 @@ def check_challenge(ext: dict, raise_on_fail: bool = True) -> CheckResult:
     m = ext.get("measurement") if isinstance(ext, dict) else None
     if not isinstance(m, dict) or any(k not in m for k in CHALLENGE_KEYS):
         missing = [k for k in CHALLENGE_KEYS if not isinstance(m, dict) or k not in m]
-        return finish(failed(name, 0, "measurement", f"faltan las claves {', '.join(missing)}."),
-                      raise_on_fail)
+        return failed(name, 0, "measurement", f"faltan las claves {', '.join(missing)}.")
     try:
         n, d, mem, bq, bk = (int(m[k]) for k in ("n", "head_dim", "fast_memory_bytes", "block_q",
                                                    "block_k"))
     except (TypeError, ValueError):
-        return finish(failed(name, 0, "measurement", "n, head_dim, fast_memory_bytes, block_q y "
-                             "block_k deben ser números enteros."), raise_on_fail)
+        return failed(name, 0, "measurement", "n, head_dim, fast_memory_bytes, block_q y "
+                      "block_k deben ser números enteros.")
     if n < 1024 or d < 16 or mem < working_set_bytes(1, 1, d):
-        return finish(failed(name, 1, "n, head_dim, fast_memory_bytes", f"el reto pide un prefill "
-                             f"de al menos 1024 tokens, d >= 16 y una memoria en la que quepa un "
-                             f"bloque; measurement dice n = {n}, d = {d}, "
-                             f"{es(mem, 0)} bytes."), raise_on_fail)
+        return failed(name, 1, "n, head_dim, fast_memory_bytes", f"el reto pide un prefill "
+                      f"de al menos 1024 tokens, d >= 16 y una memoria en la que quepa un "
+                      f"bloque; measurement dice n = {n}, d = {d}, "
+                      f"{es(mem, 0)} bytes.")
     want = best_tiles(n, d, mem, 2, causal=True)
     if (bq, bk) != want:
         fits = working_set_bytes(bq, bk, d) <= mem
-        return finish(failed(name, 2, "block_q, block_k", f"con {es_bytes(mem)} de memoria rápida, "
-                             f"n = {n} y d = {d}, los bloques que mueven menos bytes son "
-                             f"{want[0]} × {want[1]}; measurement dice {bq} × {bk}.",
-                             "Ese par no cabe en la memoria rápida." if not fits else
-                             "Recorra todas las potencias de dos de los dos bloques, descarte las "
-                             "que no caben y, entre las demás, quédese con la de menos bytes; a "
-                             "igualdad, con más claves y después con más consultas."), raise_on_fail)
+        return failed(name, 2, "block_q, block_k", f"con {es_bytes(mem)} de memoria rápida, "
+                      f"n = {n} y d = {d}, los bloques que mueven menos bytes son "
+                      f"{want[0]} × {want[1]}; measurement dice {bq} × {bk}.",
+                      "Ese par no cabe en la memoria rápida." if not fits else
+                      "Recorra todas las potencias de dos de los dos bloques, descarte las "
+                      "que no caben y, entre las demás, quédese con la de menos bytes; a "
+                      "igualdad, con más claves y después con más consultas.")
     checks = [("working_set_bytes", working_set_bytes(bq, bk, d)),
               ("tiled_bytes", flash_io(n, d, bq, bk, 2, causal=True).hbm_bytes),
               ("naive_bytes", naive_io(n, d, 2).hbm_bytes)]
     for j, (key, value) in enumerate(checks):
         if not math.isclose(float(m[key]), value, rel_tol=1e-9):
-            return finish(failed(name, 3 + j, key, f"el modelo de E/S da {es(value, 0)} bytes y "
-                                 f"measurement dice {es_value(m[key])}."), raise_on_fail)
+            return failed(name, 3 + j, key, f"el modelo de E/S da {es(value, 0)} bytes y "
+                          f"measurement dice {es_value(m[key])}.")
     if not math.isclose(float(m["counted_bytes"]), checks[1][1], rel_tol=1e-9):
-        return finish(failed(name, 6, "counted_bytes", f"el bucle, contado con IOCounter, mueve "
-                             f"{es(checks[1][1], 0)} bytes con esos bloques; measurement dice "
-                             f"{es_value(m['counted_bytes'])}.", "Cuente elementos con IOCounter "
-                             "y multiplíquelos por los bytes de fp16."), raise_on_fail)
-    return finish(passed(name, 7), raise_on_fail)
+        return failed(name, 6, "counted_bytes", f"el bucle, contado con IOCounter, mueve "
+                      f"{es(checks[1][1], 0)} bytes con esos bloques; measurement dice "
+                      f"{es_value(m['counted_bytes'])}.", "Cuente elementos con IOCounter "
+                      "y multiplíquelos por los bytes de fp16.")
+    return passed(name, 7)
 

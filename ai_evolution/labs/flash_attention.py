@@ -29,6 +29,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -315,22 +316,25 @@ def measure_timing(params: dict, seed: int, tiled: Callable = flash_attention, d
             "repeats": params["repeats"], "block": params["block"], "ms": ms}
 
 
+FITTED = "de la memoria ajustada"
+
+
 def memory_verdicts(memory: dict) -> dict[str, claims.Claim]:
     """How each variant's peak memory grows with N (1: linear, 2: quadratic)."""
     n, p = memory["sizes"], memory["peak_bytes"]
     return {
         "memory_naive": claims.growth(
-            n, p["naive"], what="memoria pico de la atención ingenua frente a N",
+            n, p["naive"], what="memoria pico de la atención ingenua frente a N", fitted=FITTED,
             linear="crece de forma casi lineal: aquí no se ve el muro de N²",
             between="crece más rápido que lineal, sin llegar a cuadrático",
             superlinear="crece como N²: guarda matrices de N × N puntuaciones"),
         "memory_tiled": claims.growth(
-            n, p["tiled"], what="memoria pico de la atención por bloques frente a N",
+            n, p["tiled"], what="memoria pico de la atención por bloques frente a N", fitted=FITTED,
             linear="crece de forma casi lineal: solo guarda la salida y un bloque a la vez",
             between="crece algo más rápido que lineal",
             superlinear="crece claramente más rápido que lineal: guarda algo de tamaño N × N"),
         "memory_sdpa": claims.growth(
-            n, p["sdpa"], what="memoria pico de SDPA frente a N",
+            n, p["sdpa"], what="memoria pico de SDPA frente a N", fitted=FITTED,
             linear="crece de forma casi lineal", between="crece algo más rápido que lineal",
             superlinear="crece claramente más rápido que lineal"),
     }
@@ -357,7 +361,8 @@ def timing_verdicts(timing: dict) -> dict[str, claims.Claim]:
 # --- 5. the SDPA backends --------------------------------------------------------------------------
 
 BACKEND_OPS = {
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "FLASH_ATTENTION (núcleo por bloques de PyTorch para CPU)",
+    "aten::_scaled_dot_product_flash_attention_for_cpu":
+        "FLASH_ATTENTION (núcleo por bloques de PyTorch para CPU)",
     "aten::_scaled_dot_product_flash_attention": "FLASH_ATTENTION (FlashAttention-2)",
     "aten::_scaled_dot_product_efficient_attention": "EFFICIENT_ATTENTION (memory-efficient, de xFormers)",
     "aten::_scaled_dot_product_cudnn_attention": "CUDNN_ATTENTION (cuDNN)",
@@ -383,7 +388,8 @@ def sdpa_backends(params: dict, device="cpu") -> dict:
             accepts[name] = False
             continue
         try:
-            with sdpa_kernel([backend]), torch.inference_mode():
+            with sdpa_kernel([backend]), torch.inference_mode(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")        # "... kernel not used because ..."
                 sdpa(q, k, v)
             synchronize(device)
             accepts[name] = True
@@ -567,7 +573,8 @@ def report(params: dict, exactness: list[dict], model_facts: dict, memory: dict,
             f"{es(io['sizes'][big], 0)} tokens ({io['elem_bytes']} bytes por elemento): la atención "
             f"ingenua mueve {es_bytes(io['naive_bytes'][big])} entre la memoria lenta y la rápida; la "
             f"atención por bloques, con bloques de {bq} × {bk} que caben en {es_bytes(fm)} de memoria "
-            f"rápida, {es_bytes(io['tiled_bytes'][big])}: {es(io['naive_bytes'][big] / io['tiled_bytes'][big], 1)} "
+            f"rápida, {es_bytes(io['tiled_bytes'][big])}: "
+            f"{es(io['naive_bytes'][big] / io['tiled_bytes'][big], 1)} "
             "veces menos.", io["naive_bytes"][big] / io["tiled_bytes"][big], "x"),
         _ev(f"Modelo de E/S, un paso de decodificación contra {es(io['decode_n'], 0)} claves: la "
             f"atención ingenua mueve {es_bytes(io['decode_naive_bytes'])} y la por bloques "
@@ -646,13 +653,15 @@ def model_attention(params: dict) -> Callable:
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     check_params(params)
-    model = load_model(params["model"], seed, device)
-    model16 = load_model(params["model"], seed, device, dtype=torch.float16)
-    exactness = measure_exactness(params, seed, flash_attention, device)
-    model_facts = measure_model(model, params, seed, model_attention(params), model16)
-    memory = measure_memory(params, seed, flash_attention, device)
-    timing = measure_timing(params, seed, flash_attention, device)
-    return report(params, exactness, model_facts, memory, timing, sdpa_backends(params, device))
+    with torch_threads(params["torch_threads"]):
+        model = load_model(params["model"], seed, device)
+        model16 = load_model(params["model"], seed, device, dtype=torch.float16)
+        exactness = measure_exactness(params, seed, flash_attention, device)
+        model_facts = measure_model(model, params, seed, model_attention(params), model16)
+        memory = measure_memory(params, seed, flash_attention, device)
+        timing = measure_timing(params, seed, flash_attention, device)
+        backends = sdpa_backends(params, device)
+    return report(params, exactness, model_facts, memory, timing, backends)
 
 
 SPEC = LabSpec(
@@ -677,8 +686,8 @@ SPEC = LabSpec(
                                    "gpu": [512, 1024, 2048, 4096, 8192]}),
         "repeats": Param(5, int, "rondas intercaladas de la medición de tiempos", min=1, max=50,
                          by_profile={"ci": 3}),
-        "torch_threads": Param(0, int, "hilos de torch mientras se miden los tiempos (0: los que "
-                               "elija torch)", min=0, max=256, by_profile={"ci": 1}),
+        "torch_threads": Param(0, int, "hilos de torch durante el laboratorio (0: los que elija "
+                               "torch)", min=0, max=256, by_profile={"ci": 1}),
         "exactness_n": Param(256, int, "tokens de las pruebas de exactitud", min=2, max=8192,
                              by_profile={"ci": 128}),
         "extreme_scores": Param(1e4, float, "desviación típica de las puntuaciones extremas",
