@@ -28,6 +28,7 @@ FAST_FROM = {
     "observability": "test_lab_observability",
     "quantization": "test_lab_quantization",
     "flash_attention": "test_lab_flash_attention",
+    "speculative": "test_lab_speculative",
 }
 
 

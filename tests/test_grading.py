@@ -33,7 +33,7 @@ from ai_evolution.model import get_preset, kv_bytes_per_token
 ROOT = Path(__file__).resolve().parents[1]
 KV = ROOT / "labs" / "02-kv-cache"
 KINDS = ["roofline", "kv_cache", "continuous_batching", "paged_attention", "scheduler",
-         "observability", "quantization", "flash_attention"]
+         "observability", "quantization", "flash_attention", "speculative"]
 
 
 def rows(gradebook: Path) -> dict[str, dict]:
@@ -158,6 +158,8 @@ def good_measurement(kind: str) -> dict:
         return quantization_measurement()
     if kind == "flash_attention":
         return flash_measurement()
+    if kind == "speculative":
+        return speculative_measurement()
     budgets = get_spec(kind).resolve_params("ci", {})["budgets"]
     return {"normal_step_ms": 10.0} | {f"{k}_ms_budget_{b}": 12.0 + b for b in budgets
                                        for k in ("itl_p99", "ttft")}
@@ -173,6 +175,17 @@ def flash_measurement(**changes) -> dict:
     return {"n": n, "head_dim": d, "fast_memory_bytes": mem, "block_q": bq, "block_k": bk,
             "working_set_bytes": working_set_bytes(bq, bk, d), "tiled_bytes": tiled,
             "naive_bytes": naive_io(n, d, 2).hbm_bytes, "counted_bytes": tiled} | changes
+
+
+def speculative_measurement(**changes) -> dict:
+    """Lab 9's challenge answered from the simulator: the first batch size at which the H100
+    speedup (alpha = 0.5, k = 4, 4096 tokens of context) drops below 1, and the speedups around it."""
+    from ai_evolution.sim.cost_model import predict_speculation_h100
+    steps = predict_speculation_h100(0.5, 4, list(range(1, 513)), 4096)
+    b = next(s.batch_size for s in steps if s.speedup < 1)
+    return {"alpha": 0.5, "k": 4, "context_len": 4096, "break_even_batch": b,
+            "speedup_batch1": steps[0].speedup, "speedup_before": steps[b - 2].speedup,
+            "speedup_at_break_even": steps[b - 1].speedup} | changes
 
 
 def quantization_measurement(**changes) -> dict:
@@ -627,6 +640,58 @@ def predict_step_s(config, weight_format, dtype, context_len, bandwidth_bytes_pe
 _ok = predict_step_s
 def predict_step_s(config, weight_format, dtype, context_len, bandwidth_bytes_per_s, overhead_s):
     return _ok(config, weight_format, dtype, context_len - 1, bandwidth_bytes_per_s, overhead_s)
+'''),
+    ],    "speculative": [
+        ("greedy_accept", "cuenta como aceptado el primer desacuerdo", '''
+def greedy_accept(draft_tokens, target_argmax):
+    n = 0
+    while n < len(draft_tokens) and int(draft_tokens[n]) == int(target_argmax[n]):
+        n += 1
+    return min(n + 1, len(draft_tokens)), int(target_argmax[n])
+'''),
+        ("greedy_accept", "con todas aceptadas repite la última en vez del bonus", '''
+def greedy_accept(draft_tokens, target_argmax):
+    n = 0
+    while n < len(draft_tokens) and int(draft_tokens[n]) == int(target_argmax[n]):
+        n += 1
+    return n, int(target_argmax[min(n, len(draft_tokens) - 1)])
+'''),
+        ("greedy_accept", "el token siguiente una posición más allá", '''
+def greedy_accept(draft_tokens, target_argmax):
+    n = 0
+    while n < len(draft_tokens) and int(draft_tokens[n]) == int(target_argmax[n]):
+        n += 1
+    return n, int(target_argmax[min(n + 1, len(draft_tokens))])
+'''),
+        ("greedy_accept", "compara cada propuesta con la predicción siguiente", '''
+def greedy_accept(draft_tokens, target_argmax):
+    n = 0
+    while n < len(draft_tokens) and int(draft_tokens[n]) == int(target_argmax[n + 1]):
+        n += 1
+    return n, int(target_argmax[n])
+'''),
+        ("acceptance_and_residual", "residual sin normalizar", '''
+def acceptance_and_residual(p, q):
+    safe_q = torch.where(q > 0, q, torch.ones_like(q))
+    accept = torch.where(q > 0, torch.clamp(p / safe_q, max=1.0), torch.ones_like(p))
+    return accept, torch.clamp(p - q, min=0.0)
+'''),
+        ("acceptance_and_residual", "cociente invertido: q / p", '''
+_ok = acceptance_and_residual
+def acceptance_and_residual(p, q):
+    safe_p = torch.where(p > 0, p, torch.ones_like(p))
+    return torch.clamp(q / safe_p, max=1.0), _ok(p, q)[1]
+'''),
+        ("acceptance_and_residual", "remuestrea de p en vez del residuo", '''
+_ok = acceptance_and_residual
+def acceptance_and_residual(p, q):
+    return _ok(p, q)[0], p.clone()
+'''),
+        ("acceptance_and_residual", "NaN cuando p = q (nada que repartir)", '''
+_ok = acceptance_and_residual
+def acceptance_and_residual(p, q):
+    excess = torch.clamp(p - q, min=0.0)
+    return _ok(p, q)[0], excess / excess.sum()
 '''),
     ],
 }

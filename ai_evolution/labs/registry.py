@@ -31,6 +31,7 @@ _LABS: dict[str, str] = {
     "quantization": "ai_evolution.labs.quantization",
     "roofline": "ai_evolution.labs.roofline",
     "scheduler": "ai_evolution.labs.scheduler",
+    "speculative": "ai_evolution.labs.speculative",
 }
 
 
