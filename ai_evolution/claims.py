@@ -240,8 +240,8 @@ def threshold(value: float, limit: float, *, what: str, passed: str, failed: str
     phrase = {PASSED: passed, FAILED: failed}.get(outcome) or inconclusive or (
         "su intervalo contiene el criterio: con este ruido no es concluyente")
     sign = "≤" if below else "≥"
-    number = f"{es(value * scale, decimals)} {unit}".replace(" %", "\u00a0%")
-    crit = f"{sign} {es(limit * scale, decimals)} {unit}".replace(" %", "\u00a0%")
+    number = f"{es(value * scale, decimals)} {unit}".rstrip().replace(" %", "\u00a0%")
+    crit = f"{sign} {es(limit * scale, decimals)} {unit}".rstrip().replace(" %", "\u00a0%")
     shown = f"{what}: {number} (criterio: {crit}"
     if interval is not None:
         shown += f"; intervalo {interval_text(low * scale, high * scale, decimals)}"
