@@ -14,11 +14,11 @@ from typing import Callable
 import torch
 
 from ..fmt import es, es_bytes, es_sig, es_value
-from ..model.attention import cached_attention
 from ..model.flash import (init_state, online_softmax_update as reference_update,
                            peak_memory_bytes, random_qkv)
 from ..sim.attention_io import best_tiles, flash_io, naive_io, working_set_bytes
 from . import CheckResult, call_student, check_student_extension, failed, passed, self_check  # noqa: F401
+from ._attention import attention_step_result
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-6) -> bool:
@@ -360,61 +360,14 @@ def check_flash_step(fn: Callable, seed: int = 0, model=None, prompts=None,
                      max_new_tokens: int = 12, raise_on_fail: bool = True) -> CheckResult:
     """``fn(q, k_new, v_new, k_cache, v_cache, positions)``, ``cached_attention``'s contract,
     on random tensors and then as the attention of the real model: identical greedy tokens."""
-    from ..generation import generate
-
-    name = "atención por bloques dentro del modelo"
-    cases = list(_step_cases(seed))
-    for i, (label, q, k_new, v_new, k_cache, v_cache, positions) in enumerate(cases):
-        ref_k, ref_v = k_cache.clone(), v_cache.clone()
-        expected = cached_attention(q, k_new, v_new, ref_k, ref_v, positions)
-        got, crash = call_student(name, fn, q, k_new.clone(), v_new.clone(), k_cache, v_cache,
-                                  positions)
-        if crash:
-            return failed(name, i, label, crash)
-        if not torch.is_tensor(got) or got.shape != expected.shape:
-            shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
-            return failed(name, i, label, f"se esperaba un tensor de forma "
-                          f"{tuple(expected.shape)} y se obtuvo {shape}.")
-        if not torch.equal(k_cache, ref_k) or not torch.equal(v_cache, ref_v):
-            bad = (k_cache != ref_k).any(-1) | (v_cache != ref_v).any(-1)
-            b, hk, pos = [int(x) for x in bad.nonzero()[0]]
-            return failed(
-                          name, i, label, f"la caché quedó mal escrita: la fila {b}, cabeza KV {hk}, "
-                          f"posición {pos} no contiene lo esperado.",
-                          "Antes de atender, escriba las claves y los valores nuevos en la caché, cada uno "
-                          "en la posición de su token, sin tocar el resto.")
-        err = float((got - expected).abs().max())
-        if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
-            return failed(
-                          name, i, label, f"la salida difiere de la referencia (diferencia máxima "
-                          f"{es_sig(err, 3)}).",
-                          "Cada token nuevo está en la posición que dice positions, no en las "
-                          "últimas de la caché: pase esas posiciones a su atención por bloques, "
-                          "con máscara causal, sobre las ranuras de la caché hasta la mayor de "
-                          "ellas.")
-    if model is None:
-        from ..model.checkpoint import load_pretrained
-
-        model = load_pretrained("tiny-es")
-    if prompts is None:
-        g = torch.Generator().manual_seed(seed)
-        prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist()
-                   for n in (19, 37, 26)]
-    expected_tokens = generate(model, prompts, max_new_tokens, cache="contiguous")
-    got_tokens, crash = call_student(name, generate, model, prompts, max_new_tokens,
-                                     cache="contiguous", attn_fn=fn)
-    label = (f"generación voraz de {max_new_tokens} tokens con el modelo {model.config.name}, "
-             f"prompts de {', '.join(str(len(p)) for p in prompts)} tokens")
-    if crash:
-        return failed(name, len(cases), label, crash)
-    for row, (e, g_) in enumerate(zip(expected_tokens, got_tokens)):
-        if e != g_:
-            j = next(k for k in range(len(e)) if k >= len(g_) or e[k] != g_[k])
-            got_j = g_[j] if j < len(g_) else "nada"
-            return failed(name, len(cases), label, f"en el prompt {row + 1}, el token "
-                          f"generado {j + 1} debía ser {e[j]} y fue {got_j}.")
-    return passed(name, len(cases) + 1, "Dentro del modelo real genera exactamente los "
-                  "mismos tokens que la referencia.")
+    return attention_step_result(
+        "atención por bloques dentro del modelo", fn, list(_step_cases(seed)), model=model,
+        prompts=prompts, prompt_lens=(19, 37, 26), seed=seed, max_new_tokens=max_new_tokens,
+        write_hint="Antes de atender, escriba las claves y los valores nuevos en la caché, cada "
+                   "uno en la posición de su token, sin tocar el resto.",
+        output_hint="Cada token nuevo está en la posición que dice positions, no en las últimas "
+                    "de la caché: pase esas posiciones a su atención por bloques, con máscara "
+                    "causal, sobre las ranuras de la caché hasta la mayor de ellas.")
 
 
 # --- (4) the IO model: bytes the tiled loop moves ------------------------------------------------

@@ -15,6 +15,7 @@ import torch
 from ..fmt import es, es_sig, es_value
 from ..model import ModelConfig, get_preset, kv_bytes_per_token, weight_bytes
 from . import CheckResult, call_student, check_student_extension, failed, passed, self_check  # noqa: F401
+from ._attention import attention_step_result
 
 DTYPES = ("fp32", "fp16", "bf16", "int8")
 
@@ -108,61 +109,15 @@ def _attention_cases(seed: int):
 def check_cached_attention(fn: Callable, seed: int = 0, model=None, prompts=None,
                            max_new_tokens: int = 12, raise_on_fail: bool = True) -> CheckResult:
     """The student's attention step, alone on random tensors and then inside the real model."""
-    from ..generation import generate
-    from ..model.attention import cached_attention
-
-    name = "atención con caché KV"
-    cases = list(_attention_cases(seed))
-    for i, (label, q, k_new, v_new, k_cache, v_cache, positions) in enumerate(cases):
-        ref_k, ref_v = k_cache.clone(), v_cache.clone()
-        expected = cached_attention(q, k_new, v_new, ref_k, ref_v, positions)
-        got, crash = call_student(name, fn, q, k_new.clone(), v_new.clone(), k_cache, v_cache,
-                                  positions)
-        if crash:
-            return failed(name, i, label, crash)
-        if not torch.is_tensor(got) or got.shape != expected.shape:
-            shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
-            return failed(name, i, label, f"se esperaba un tensor de forma "
-                          f"{tuple(expected.shape)} y se obtuvo {shape}.")
-        if not torch.equal(k_cache, ref_k) or not torch.equal(v_cache, ref_v):
-            bad = (k_cache != ref_k).any(-1) | (v_cache != ref_v).any(-1)
-            b, hk, pos = [int(x) for x in bad.nonzero()[0]]
-            return failed(
-                name, i, label, f"la caché quedó mal escrita: la fila {b}, cabeza KV {hk}, "
-                f"posición {pos} no contiene lo esperado.",
-                "Escriba las claves y los valores nuevos en la caché, cada uno en la posición "
-                "de su token, sin tocar el resto.")
-        err = (got - expected).abs().max().item()
-        if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
-            return failed(
-                name, i, label, f"la salida difiere de la referencia (diferencia máxima "
-                f"{es_sig(err, 3)}).", "Cada consulta atiende a las claves de su propia fila "
-                "hasta su posición, incluida, y a ninguna posterior; las puntuaciones se escalan "
-                "por la inversa de la raíz de head_dim, y cada cabeza KV sirve a un grupo de "
-                "cabezas de consulta consecutivas.")
-    # Inside the real model: identical greedy tokens.
-    if model is None:
-        from ..model.checkpoint import load_pretrained
-
-        model = load_pretrained("tiny-es")
-    if prompts is None:
-        g = torch.Generator().manual_seed(seed)
-        prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist()
-                   for n in (5, 11, 8)]
-    expected_tokens = generate(model, prompts, max_new_tokens, cache="contiguous")
-    got_tokens, crash = call_student(name, generate, model, prompts, max_new_tokens,
-                                     cache="contiguous", attn_fn=fn)
-    label = f"generación voraz de {max_new_tokens} tokens con el modelo {model.config.name}"
-    if crash:
-        return failed(name, len(cases), label, crash)
-    for row, (e, g_) in enumerate(zip(expected_tokens, got_tokens)):
-        if e != g_:
-            j = next(k for k in range(len(e)) if k >= len(g_) or e[k] != g_[k])
-            got_j = g_[j] if j < len(g_) else "nada"
-            return failed(name, len(cases), label, f"en el prompt {row + 1}, el token "
-                          f"generado {j + 1} debía ser {e[j]} y fue {got_j}.")
-    return passed(name, len(cases) + 1, "Dentro del modelo real genera exactamente los "
-                  "mismos tokens que la referencia.")
+    return attention_step_result(
+        "atención con caché KV", fn, list(_attention_cases(seed)), model=model, prompts=prompts,
+        seed=seed, max_new_tokens=max_new_tokens,
+        write_hint="Escriba las claves y los valores nuevos en la caché, cada uno en la posición "
+                   "de su token, sin tocar el resto.",
+        output_hint="Cada consulta atiende a las claves de su propia fila hasta su posición, "
+                    "incluida, y a ninguna posterior; las puntuaciones se escalan por la inversa "
+                    "de la raíz de head_dim, y cada cabeza KV sirve a un grupo de cabezas de "
+                    "consulta consecutivas.")
 
 
 # --- (c) fitting growth ------------------------------------------------------------------------
