@@ -122,3 +122,13 @@ def threads_limitation(threads: int) -> str:
     return (f"Los tiempos se miden con {threads} {'hilo' if threads == 1 else 'hilos'} de torch, no "
             "con los que torch elegiría: en una máquina compartida es lo más estable, y no es el "
             "mejor tiempo posible del motor.")
+
+
+def met_criteria_sentence(criteria, met: dict[str, bool]) -> str:
+    """Which of a chapter's ``criteria`` ((key, text) pairs) this run meets, from the booleans
+    ``met`` computed from its own numbers."""
+    missed = [text for key, text in criteria if not met[key]]
+    if not missed:
+        return f"Esta ejecución cumple los {len(criteria)} criterios."
+    listed = "; ".join(f"«{text}»" for text in missed)
+    return f"Esta ejecución no cumple {len(missed)} de los {len(criteria)} criterios: {listed}."

@@ -48,7 +48,8 @@ from ..sim.attention_io import (best_tiles, flash_io, flash_io_for_memory, naive
                                 tile_candidates, working_set_bytes)
 from ..timing import torch_threads
 from .common import SERVED_MODELS
-from .contract import evidence as _ev, threads_limitation, timing_limitation
+from .contract import (evidence as _ev, met_criteria_sentence, threads_limitation,
+                       timing_limitation)
 from .registry import LabParamError, LabSpec, Param
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -531,11 +532,8 @@ def chapter_criteria(exactness: list[dict], model_facts: dict,
 
 
 def criteria_sentence(met: dict[str, bool]) -> str:
-    missed = [text for key, text in CRITERIA if not met[key]]
-    if not missed:
-        return f"Esta ejecución cumple los {len(CRITERIA)} criterios."
-    listed = "; ".join(f"«{text}»" for text in missed)
-    return f"Esta ejecución no cumple {len(missed)} de los {len(CRITERIA)} criterios: {listed}."
+    """The sentence that says which of the chapter's criteria a run meets, from the booleans."""
+    return met_criteria_sentence(CRITERIA, met)
 
 
 def _median_ms(rows: list[list[float]]) -> list[float]:

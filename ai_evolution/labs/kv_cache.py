@@ -25,7 +25,7 @@ from ..generation import generate
 from ..model import get_preset, kv_bytes, kv_bytes_per_token, load_model, param_count
 from ..model.attention import ContiguousKVCache
 from ..timing import fit_growth, interleaved_step_times, torch_threads
-from .contract import evidence as _ev, timing_limitation
+from .contract import evidence as _ev, met_criteria_sentence, timing_limitation
 from .common import SERVED_MODELS, worked_examples
 from .registry import LabParamError, LabSpec, Param
 
@@ -221,12 +221,8 @@ def chapter_criteria(facts: dict, found: dict[str, claims.Claim]) -> dict[str, b
 
 
 def criteria_sentence(met: dict[str, bool]) -> str:
-    """The sentence that says which criteria a run meets, from the booleans."""
-    missed = [text for key, text in CRITERIA if not met[key]]
-    if not missed:
-        return f"Esta ejecución cumple los {len(CRITERIA)} criterios."
-    listed = "; ".join(f"«{text}»" for text in missed)
-    return f"Esta ejecución no cumple {len(missed)} de los {len(CRITERIA)} criterios: {listed}."
+    """The sentence that says which of the chapter's criteria a run meets, from the booleans."""
+    return met_criteria_sentence(CRITERIA, met)
 
 
 def report(params: dict, facts: dict, timing: dict,

@@ -46,7 +46,8 @@ from ..sim.cost_model import (best_k, expected_tokens_per_step, predict_speculat
 from ..speculative import (SpecStep, SpeculativeOutput, chi_square_gof, greedy_accept, pooled,
                            speculative_generate)
 from ..timing import torch_threads
-from .contract import evidence as _ev, threads_limitation, timing_limitation
+from .contract import (evidence as _ev, met_criteria_sentence, threads_limitation,
+                       timing_limitation)
 from .registry import LabParamError, LabSpec, Param
 
 # |measured tokens per step - formula| / formula that still reads as "the formula predicts it":
@@ -382,11 +383,8 @@ def chapter_criteria(acceptance: dict, found: dict[str, claims.Claim]) -> dict[s
 
 
 def criteria_sentence(met: dict[str, bool]) -> str:
-    missed = [text for key, text in CRITERIA if not met[key]]
-    if not missed:
-        return f"Esta ejecución cumple los {len(CRITERIA)} criterios."
-    listed = "; ".join(f"«{text}»" for text in missed)
-    return f"Esta ejecución no cumple {len(missed)} de los {len(CRITERIA)} criterios: {listed}."
+    """The sentence that says which of the chapter's criteria a run meets, from the booleans."""
+    return met_criteria_sentence(CRITERIA, met)
 
 
 def main_row(acceptance: dict, k: int | None = None) -> dict:
