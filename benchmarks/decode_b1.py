@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ai_evolution import claims
+from ai_evolution.engine import SamplingParams, build_engine
 from ai_evolution.generation import generate
 from ai_evolution.hardware import measure_stream_bandwidths
 from ai_evolution.model import get_preset, random_model
@@ -39,6 +40,15 @@ def ours_step_s(model, prompt: list[int], new_tokens: int) -> float:
     stamps: list[float] = []
     generate(model, prompt, new_tokens, on_token=lambda step, toks: stamps.append(time.perf_counter()))
     return statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
+
+
+def engine_step_s(model, prompt: list[int], new_tokens: int, kv_layout: str) -> float:
+    """Median batch-1 decode step of the serving engine (``LLMEngine``), from its own step
+    records: scheduling, the runner, sampling and bookkeeping included."""
+    engine = build_engine(model, max_num_seqs=1, max_model_len=len(prompt) + new_tokens + 1,
+                          kv_layout=kv_layout)
+    engine.run([(0.0, prompt, SamplingParams(max_tokens=new_tokens, ignore_eos=True))])
+    return statistics.median(h.duration for h in engine.history[1:])
 
 
 def linears_only_step_s(model, steps: int) -> float:
@@ -105,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                            generator=torch.Generator().manual_seed(0)).tolist()
     hf = None if args.no_hf else hf_model_from(model)
     cost = decode_step_cost(model.config, 1, args.prompt_len + args.new_tokens // 2, dtype="fp32")
-    rows: dict[str, list[float]] = {"linears_ms": [], "ours_ms": [], "hf_ms": []}
+    rows: dict[str, list[float]] = {"linears_ms": [], "ours_ms": [], "engine_ms": [],
+                                    "engine_paged_ms": [], "hf_ms": []}
     ours_step_s(model, prompt, 4)  # warm-up
     if hf is not None:
         hf_step_s(hf, prompt, 4)
@@ -114,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         """Runs right after rep's pair of probe samples, with the probes' buffers still held."""
         rows["linears_ms"].append(linears_only_step_s(model, args.new_tokens) * 1e3)
         rows["ours_ms"].append(ours_step_s(model, prompt, args.new_tokens) * 1e3)
+        rows["engine_ms"].append(engine_step_s(model, prompt, args.new_tokens, "contiguous") * 1e3)
+        rows["engine_paged_ms"].append(engine_step_s(model, prompt, args.new_tokens, "paged") * 1e3)
         if hf is not None:
             rows["hf_ms"].append(hf_step_s(hf, prompt, args.new_tokens) * 1e3)
         print(f"rep {rep + 1}/{args.reps}: "
@@ -155,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'variant':<24}{'step ms (median)':>18}{'range':>14}{'read floor / step':>22}"
           f"{'GEMV floor / step':>22}")
     for key, label in (("linears_ms", "the linears alone"), ("ours_ms", "ai_evolution"),
+                       ("engine_ms", "engine (contiguous)"), ("engine_paged_ms", "engine (paged)"),
                        ("hf_ms", "transformers generate")):
         if rows[key]:
             med = statistics.median(rows[key])
@@ -165,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
                "INCONCLUSIVE (interval straddles the target)")
     print(f"target {which} floor / step >= {TARGET:.0%} with {torch.get_num_threads()} thread(s): "
           f"{ratio.median:.0%} [{ratio.low:.0%}-{ratio.high:.0%}] -> {verdict}")
+    for key in ("ours_ms", "engine_ms", "engine_paged_ms"):  # issue 18: < 1,10x the linears
+        over = claims.ratio_estimate(rows[key], rows["linears_ms"])
+        print(f"{key[:-3]} step / the linears alone: {over.median:.2f}x "
+              f"[{over.low:.2f}-{over.high:.2f}] (everything outside the linears: "
+              f"{1 - 1 / over.median:.0%} of the step)")
     if rows["hf_ms"]:
         speed = claims.ratio_estimate(rows["hf_ms"], rows["ours_ms"])
         print(f"speed ratio ai_evolution / transformers: {speed.median:.2f}x "
