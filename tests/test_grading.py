@@ -693,6 +693,27 @@ def acceptance_and_residual(p, q):
     excess = torch.clamp(p - q, min=0.0)
     return _ok(p, q)[0], excess / excess.sum()
 '''),
+        ("speedup_table", "olvida el token del propio objetivo", '''
+def speedup_table(alpha, cost_ratio, k_max):
+    s = [sum(alpha ** i for i in range(k)) / (1 + k * cost_ratio) for k in range(1, k_max + 1)]
+    return {"speedup": s, "best_k": 1 + max(range(k_max), key=lambda i: (s[i], -i))}
+'''),
+        ("speedup_table", "el mejor k por tokens, no por aceleración", '''
+_ok = speedup_table
+def speedup_table(alpha, cost_ratio, k_max):
+    out = _ok(alpha, cost_ratio, k_max)
+    tokens = [sum(alpha ** i for i in range(k + 1)) for k in range(1, k_max + 1)]
+    out["best_k"] = 1 + max(range(k_max), key=lambda i: (tokens[i], -i))
+    return out
+'''),
+        ("speedup_table", "forma cerrada: divide entre cero con alpha = 1", '''
+def speedup_table(alpha, cost_ratio, k_max):
+    s = []
+    for k in range(1, k_max + 1):
+        tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha != 1 else float("nan")
+        s.append(tokens / (1 + k * cost_ratio))
+    return {"speedup": s, "best_k": 1 + max(range(k_max), key=lambda i: (s[i], -i))}
+'''),
     ],
 }
 

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from ..fmt import es, es_sig, es_value
-from ..sim.cost_model import predict_speculation_h100
+from ..sim.cost_model import best_k, predict_speculation_h100, speculative_speedup
 from ..speculative import acceptance_probs, greedy_accept, residual_distribution
 from . import CheckResult, call_student, check_student_extension, failed, passed, self_check  # noqa: F401
 
@@ -80,6 +80,87 @@ def check_greedy_accept(fn: Callable, seed: int = 0, raise_on_fail: bool = True)
             hint = ("el token siguiente es siempre del objetivo: su predicción en la posición que "
                     "sigue al prefijo aceptado.")
         return failed(name, i, shown, problem, hint)
+    return passed(name, len(cases))
+
+
+# --- exercise 3: the expected speedup and the best k -------------------------------------------------
+
+def reference_speedup_table(alpha: float, cost_ratio: float, k_max: int) -> dict:
+    """``{"speedup": [S(1), .., S(k_max)], "best_k": k}``: Leviathan et al.'s improvement factor
+    ``E(alpha, k) / (1 + k * cost_ratio)`` for each k, and the k with the largest one (the
+    smallest k on a tie)."""
+    return {"speedup": [speculative_speedup(alpha, k, cost_ratio) for k in range(1, k_max + 1)],
+            "best_k": best_k(alpha, cost_ratio, k_max)}
+
+
+def speedup_cases(seed: int = 0) -> list[tuple[str, float, float, int]]:
+    """(label, alpha, cost ratio, k_max)."""
+    cases = [("α = 0: solo el token del objetivo", 0.0, 0.2, 4),
+             ("α = 1: todas aceptadas", 1.0, 0.1, 5),
+             ("α casi 1", 0.999999, 0.05, 6),
+             ("borrador gratis (c = 0)", 0.6, 0.0, 8),
+             ("el α y el c de este portátil (no paga)", 0.28, 0.31, 4),
+             ("α alto y borrador barato", 0.8, 0.05, 12)]
+    g = torch.Generator().manual_seed(seed)
+    for i in range(6):
+        alpha = round(float(torch.rand(1, generator=g)) * 0.95, 3)
+        c = round(float(torch.rand(1, generator=g)) * 0.4, 3)
+        cases.append((f"aleatorio {i + 1}", alpha, c, int(torch.randint(1, 10, (1,), generator=g))))
+    return cases
+
+
+def _speedup_hint(alpha: float, c: float, k_max: int, got: list[float], want: list[float]) -> str:
+    def near(values):
+        return len(values) == len(got) and all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+                                               for a, b in zip(got, values))
+    ks = range(1, k_max + 1)
+    tokens = [sum(alpha**i for i in range(k + 1)) for k in ks]
+    if near([sum(alpha**i for i in range(k)) / (1 + k * c) for k in ks]):
+        return ("le falta el token del propio objetivo: cada paso da, además de las propuestas "
+                "aceptadas, la predicción del objetivo que sigue a ellas (con α = 0 se obtiene 1 "
+                "token por paso, no 0).")
+    if near(tokens):
+        return ("no divide por el coste del paso: un paso especulativo cuesta la verificación más "
+                "k pasos del borrador, cada uno una fracción c de uno del objetivo.")
+    if near([t / (1 + c) for t in tokens]):
+        return "el borrador da k pasos, no uno: su coste crece con k."
+    if any(isinstance(x, float) and math.isnan(x) for x in got):
+        return ("con α = 1 la forma cerrada divide entre cero: los tokens esperados son la suma "
+                "de las potencias de α, que con α = 1 vale k + 1.")
+    return ("los tokens esperados por paso son 1 + α + α² + … + α^k, y la aceleración los divide "
+            "entre el coste del paso en pasos del objetivo, 1 + k·c.")
+
+
+@self_check
+def check_speedup_table(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
+    """``fn(alpha, cost_ratio, k_max) -> {"speedup": [...], "best_k": k}`` as
+    ``reference_speedup_table``; the usual slips (no target token, no draft cost, best k by
+    tokens) are named."""
+    name = "aceleración esperada y mejor k"
+    cases = speedup_cases(seed)
+    for i, (label, alpha, c, k_max) in enumerate(cases):
+        want = reference_speedup_table(alpha, c, k_max)
+        shown = f"{label}: α = {es_sig(alpha, 6)}, c = {es_sig(c, 3)}, k_max = {k_max}"
+        got, crash = call_student(name, fn, alpha, c, k_max)
+        if crash:
+            return failed(name, i, shown, crash)
+        try:
+            speedup = [float(x) for x in got["speedup"]]
+            k = int(got["best_k"])
+        except (TypeError, KeyError, ValueError, IndexError):
+            return failed(name, i, shown, f"se esperaba un dict con 'speedup' (una lista de "
+                          f"{k_max} números, k = 1..{k_max}) y 'best_k'; se obtuvo {es_value(got)}.")
+        if len(speedup) != k_max or not all(
+                math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(speedup, want["speedup"])):
+            return failed(name, i, shown, f"speedup debería ser {es_value(want['speedup'])} y es "
+                          f"{es_value(speedup)}.", _speedup_hint(alpha, c, k_max, speedup,
+                                                                   want["speedup"]))
+        if k != want["best_k"]:
+            hint = ("el mejor k es el de mayor aceleración, no el de más tokens por paso: cada "
+                    "propuesta más cuesta un paso del borrador.")
+            if math.isclose(want["speedup"][k - 1], max(want["speedup"]), rel_tol=1e-12):
+                hint = "en un empate gana el k más pequeño: da lo mismo con menos trabajo."
+            return failed(name, i, shown, f"best_k debería ser {want['best_k']} y es {k}.", hint)
     return passed(name, len(cases))
 
 

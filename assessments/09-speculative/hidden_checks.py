@@ -76,5 +76,35 @@ def _residual_edges(fn, raise_on_fail=False):
     return passed(name, len(cases))
 
 
+def speedup_table(fn, ctx):
+    yield public(checks.check_speedup_table, fn, seed=ctx.seed)
+    for s in ctx.hidden_seeds:
+        yield hidden(checks.check_speedup_table, fn, seed=s)
+    yield hidden(_speedup_edges, fn)
+
+
+def _speedup_edges(fn, raise_on_fail=False):
+    """k_max = 1, a tie across every k (α = 0 with a free draft), and α = 1 with a free draft
+    (the best k is the largest)."""
+    name = "aceleración esperada y mejor k (casos límite)"
+    cases = [("k_max = 1", 0.5, 0.2, 1), ("α = 0 y borrador gratis: todos empatan", 0.0, 0.0, 5),
+             ("α = 1 y borrador gratis", 1.0, 0.0, 7)]
+    for i, (label, alpha, c, k_max) in enumerate(cases):
+        want = checks.reference_speedup_table(alpha, c, k_max)
+        got, crash = call_student(name, fn, alpha, c, k_max)
+        if crash:
+            return failed(name, i, label, crash)
+        try:
+            ok = (int(got["best_k"]) == want["best_k"] and len(got["speedup"]) == k_max
+                  and all(abs(float(a) - b) <= 1e-6 * max(1.0, b)
+                          for a, b in zip(got["speedup"], want["speedup"])))
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            return failed(name, i, label, f"se esperaba {es_value(want)} y su función devolvió "
+                          f"{es_value(got)}.")
+    return passed(name, len(cases))
+
+
 def extension(ext, contract, ctx):
     yield hidden(checks.check_challenge, ext)
