@@ -24,9 +24,10 @@ book: export AI_EVOLUTION_PROFILE = $(BOOK_PROFILE)
 book: $(VENV)/.installed
 	$(BIN)/jupyter-book build --all -W -n --keep-going .
 
-# The whole suite (what CI runs); the 15 slowest tests are listed at the end.
+# The whole suite (what CI runs); the 15 slowest tests are listed at the end. Two workers: one
+# builds the book and checks what reads it, the other runs the rest (groups in tests/conftest.py).
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=15
 
 # The everyday tier while editing: unit, property, engine, server and lab tests; no notebook
 # execution, no book build, no grading kernels (those are marked `slow`, see tests/conftest.py).

@@ -1,6 +1,8 @@
 """Fixtures shared by the tests: small models, one thread, and the book built once per session."""
 
+import fcntl
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -10,6 +12,14 @@ import pytest
 import torch
 
 from ai_evolution.model.checkpoint import load_pretrained, random_model
+
+# `make test` runs two xdist workers on a 2-core machine: one torch thread per process (each
+# worker, and the book build, kernels and graders it starts, which inherit the variable).
+# Two processes of two threads each spin against each other: lab 7's notebook took 96 s under
+# nbval beside another notebook, against 16 s alone.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +58,25 @@ def _jupyter_book() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
-def built_book(tmp_path_factory):
-    """The book built exactly as `make book` builds it (`--all -W -n --keep-going`, labs in the
-    `ci` profile), into an empty folder (so every page executes from scratch). The executed lab
-    notebooks it leaves in `_build/jupyter_execute/` are the first execution the notebook tests
-    check (nbval re-executes them once more): each lab runs twice in the whole suite, not three
-    times. Returns the output folder and the build's exit code and log."""
-    out = tmp_path_factory.mktemp("book")
+def once_per_run(tmp_path_factory, worker_id: str, name: str, produce):
+    """A session fixture's value computed once per pytest run, also with several xdist workers:
+    the first worker that needs it runs ``produce(folder)`` under a file lock and pickles the
+    result beside the workers' temporary folders; a worker that needs it later waits for the lock
+    and loads it. Without xdist (``worker_id == "master"``) it is simply computed."""
+    if worker_id == "master":
+        return produce(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent  # one folder per run, common to its workers
+    done = shared / f"{name}.pickle"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.is_file():
+            return pickle.loads(done.read_bytes())
+        value = produce(tmp_path_factory.mktemp(name))
+        done.write_bytes(pickle.dumps(value))
+        return value
+
+
+def build_book(out: Path) -> dict:
     env = dict(os.environ, AI_EVOLUTION_PROFILE="ci")
     cmd = [_jupyter_book(), "build", "--all", "-W", "-n", "--keep-going", "--path-output", str(out),
            str(ROOT)]
@@ -65,14 +86,28 @@ def built_book(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def graded_kv_cache(tmp_path_factory):
-    """Lab 2's real solution, its untouched student copy, a broken solution and every attack of
-    tests/test_grading_adversarial.py, graded in one CLI run. The solution's execution here is
-    lab 2's second in the suite: its checked outputs are compared with the book's execution in
-    place of an nbval run (tests/test_notebooks.py)."""
+def built_book(tmp_path_factory, worker_id):
+    """The book built exactly as `make book` builds it (`--all -W -n --keep-going`, labs in the
+    `ci` profile), into an empty folder (so every page executes from scratch), once per run. The
+    executed lab notebooks it leaves in `_build/jupyter_execute/` are the first execution the
+    notebook tests check (nbval re-executes them once more): each lab runs twice in the whole
+    suite, not three times. Returns the output folder and the build's exit code and log."""
+    return once_per_run(tmp_path_factory, worker_id, "book", build_book)
+
+
+def _grade_attacks(base: Path) -> dict:
     from test_grading_adversarial import grade_attacks
 
-    return grade_attacks(tmp_path_factory.mktemp("ataques"))
+    return grade_attacks(base)
+
+
+@pytest.fixture(scope="session")
+def graded_kv_cache(tmp_path_factory, worker_id):
+    """Lab 2's real solution, its untouched student copy, a broken solution and every attack of
+    tests/test_grading_adversarial.py, graded in one CLI run, once per run. The solution's
+    execution here is lab 2's second in the suite: its checked outputs are compared with the
+    book's execution in place of an nbval run (tests/test_notebooks.py)."""
+    return once_per_run(tmp_path_factory, worker_id, "ataques", _grade_attacks)
 
 
 # `make check` (the everyday tier) runs `-m "not slow"`: no notebook execution, no book build, no
@@ -81,6 +116,51 @@ SLOW_MODULES = {"test_book.py", "test_grading.py", "test_grading_adversarial.py"
                 "test_claims_under_load.py"}
 SLOW_TESTS = {"test_student_notebook_stops_at_first_exercise_with_spanish_hint"}
 
+# `make test` runs on two workers (pytest-xdist, `--dist loadscope --no-loadscope-reorder`): a
+# module's tests go to one worker (its module fixtures are built once), in the order below.
+# - First the modules that start the two long session fixtures, one per worker: the book build
+#   (test_book.py) and lab 2's grading run (test_grading_adversarial.py).
+# - Then every other module.
+# - Last, the tests that read the book from other modules (``BOOK_READERS``), each on its own:
+#   by then the book is built, and either worker takes them.
+# xdist's scheduler sees node ids only, so the readers are named here; collection fails when a
+# test that uses ``built_book`` outside test_book.py is not named (it would hold its worker
+# waiting for the build).
+FIRST_MODULES = ("test_book.py", "test_grading_adversarial.py")
+BOOK_READERS = {"test_solution_runs_under_ci_and_its_checked_outputs_are_reproducible",
+                "test_every_page_renders_without_overflow_missing_images_or_raw_math"}
+
+
+def _parts(nodeid: str) -> tuple[str, str]:
+    module, _, rest = nodeid.partition("::")
+    return module, rest.split("[")[0]
+
+
+def scope_of(nodeid: str) -> str:
+    """The xdist scope of a test: itself for a book reader, else its module."""
+    module, name = _parts(nodeid)
+    return nodeid if name in BOOK_READERS else module
+
+
+def run_order(nodeid: str) -> int:
+    module, name = _parts(nodeid)
+    if name in BOOK_READERS:
+        return len(FIRST_MODULES) + 1
+    name = Path(module).name
+    return FIRST_MODULES.index(name) if name in FIRST_MODULES else len(FIRST_MODULES)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ScopeScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return ScopeScheduling(config, log)
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: executes notebooks, builds the book or grades real "
@@ -88,8 +168,16 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    unnamed = []
     for item in items:
         name = getattr(item, "originalname", item.name)
-        if (item.path.name in SLOW_MODULES or name in SLOW_TESTS
-                or "built_book" in getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.path.name in SLOW_MODULES or name in SLOW_TESTS or "built_book" in fixtures:
             item.add_marker(pytest.mark.slow)
+        if ("built_book" in fixtures and item.path.name != FIRST_MODULES[0]
+                and name not in BOOK_READERS):
+            unnamed.append(item.nodeid)
+    if unnamed:
+        raise pytest.UsageError("these tests read the book build but are not named in "
+                                "BOOK_READERS of tests/conftest.py: " + ", ".join(unnamed))
+    items.sort(key=lambda item: run_order(item.nodeid))  # stable within each rank
