@@ -20,6 +20,15 @@ Checks:
   and the engine serves it with the generator's tokens;
 - ``flash``: greedy generation with the tiled attention equals the reference; which SDPA
   backends the device offers (a T4 has no FlashAttention-2);
+- ``graphs-<dtype>``: the engine with decode graphs (CUDA graphs on a GPU; on the CPU their
+  static padded step without capture) gives the tokens of the engine without them;
+- ``bench-b1``: batch-1 decode of a ~0,5B model (random weights of ``qwen2.5-0.5b``; ``tiny-es``
+  with ``--quick``) in the device's default dtype, as tokens/s and as the fraction of the
+  bandwidth floor (bytes a step reads / read bandwidth measured in this run): ours with graphs,
+  ours eager, and ``transformers`` ``generate`` (target >= 70 % with graphs on an H100/H200);
+- ``bench-throughput``: 256 requests of 100-1024 tokens in and out (nano-vllm's benchmark shape)
+  through our engine, tokens/s, against ``transformers`` ``generate`` on the first 64 of them in
+  one padded batch;
 - ``lab-<kind>``: ``run_lab(kind, profile=...)`` runs and its contract validates, with its time.
 """
 
@@ -153,6 +162,127 @@ def check_flash(device: torch.device, quick: bool) -> str:
     return f"greedy identical on {len(prompts)} prompts; SDPA backends enabled: {backends}"
 
 
+def check_graphs(device: torch.device, dtype: torch.dtype, quick: bool) -> str:
+    from ai_evolution.engine import build_engine
+    from ai_evolution.model import load_model
+
+    model = load_model("tiny-es", device=device, dtype=dtype)
+    prompts = _prompts(model.config.vocab_size, 6 if quick else 40)
+    rng = random.Random(2)
+    items = [(0.0, p, SamplingParams(max_tokens=rng.randint(2, 8 if quick else 40), ignore_eos=True))
+             for p in prompts]
+    backend = "cuda" if device.type == "cuda" else "eager"
+    outs, engines = {}, {}
+    for graphs in (None, backend):
+        engines[graphs] = build_engine(model, max_num_seqs=4 if quick else 24, max_model_len=128,
+                                       kv_layout="paged", decode_graphs=graphs)
+        outs[graphs] = [r.output_token_ids for r in engines[graphs].run(items)]
+    bad = [i for i, (a, b) in enumerate(zip(outs[None], outs[backend])) if a != b]
+    runs = engines[backend].executor.graphs
+    detail = f"{runs.steps} decode steps through {backend} graphs of sizes {sorted(runs.graphs) or runs.sizes}"
+    if bad and dtype == torch.float32:
+        raise AssertionError(f"{len(bad)} of {len(items)} requests differ with graphs: {bad}")
+    if bad:  # 16-bit: padded batches and whole-table reads round a near-tie differently
+        return f"{len(items) - len(bad)} of {len(items)} identical (16-bit: informative); {detail}"
+    return f"{len(items)} requests identical; {detail}"
+
+
+def _bench_model(device: torch.device, quick: bool):
+    from ai_evolution.hardware import default_dtype
+    from ai_evolution.model import get_preset, load_model, random_model
+
+    dtype = default_dtype(device)
+    if quick:
+        return load_model("tiny-es", device=device, dtype=dtype)
+    return random_model(get_preset("qwen2.5-0.5b"), seed=0).to(device=device, dtype=dtype).eval()
+
+
+def _hf_twin(model):
+    import transformers
+
+    hf_dict = model.config.to_hf_config()
+    param = next(model.parameters())
+    hf = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(hf_dict.pop("model_type"), **hf_dict), dtype=param.dtype)
+    hf.load_state_dict(model.state_dict(), strict=False)
+    return hf.to(param.device).eval()
+
+
+def check_bench_b1(device: torch.device, quick: bool, with_hf: bool) -> str:
+    import statistics
+
+    from ai_evolution.engine import build_engine
+    from ai_evolution.hardware import synchronize
+    from ai_evolution.sim import decode_step_cost
+
+    model = _bench_model(device, quick)
+    prompt, new = _prompts(model.config.vocab_size, 1)[0][:32], 16 if quick else 128
+    bandwidth = probe_summary(device, quick=quick)["bandwidth_read_gbps"] * 1e9
+    dtype_name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[
+        next(model.parameters()).dtype]
+    floor = decode_step_cost(model.config, 1, len(prompt) + new // 2, dtype=dtype_name).bytes / bandwidth
+    steps = {}
+    graphs = "cuda" if device.type == "cuda" else "eager"
+    for name, mode in (("graphs", graphs), ("eager", None)):
+        engine = build_engine(model, max_num_seqs=1, max_model_len=len(prompt) + new + 1,
+                              kv_layout="paged", decode_graphs=mode)
+        for _ in range(2):  # the first run captures the graph
+            engine.run([(0.0, prompt, SamplingParams(max_tokens=new, ignore_eos=True))])
+        steps[name] = statistics.median(h.duration for h in engine.history[-(new - 1):])
+    if with_hf:
+        hf = _hf_twin(model)
+        ids = torch.tensor([prompt], device=device)
+        times = []
+        for n in (1, new, 1, new):
+            synchronize(device)
+            start = time.perf_counter()
+            with torch.inference_mode():
+                hf.generate(ids, do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                            eos_token_id=None, pad_token_id=0)
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+        steps["hf"] = (times[3] - times[2]) / (new - 1)  # the second pair: warm
+    return "; ".join(f"{name} {1 / t:.0f} tok/s ({floor / t:.0%} of the floor)"
+                     for name, t in steps.items()) + f"; floor {floor * 1e3:.2f} ms/step"
+
+
+def check_bench_throughput(device: torch.device, quick: bool, with_hf: bool) -> str:
+    from ai_evolution.engine import build_engine
+    from ai_evolution.hardware import synchronize
+
+    model = _bench_model(device, quick)
+    rng = random.Random(0)
+    n, lo, hi = (8, 4, 16) if quick else (256, 100, 1024)
+    vocab = model.config.vocab_size
+    reqs = [([rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))], rng.randint(lo, hi))
+            for _ in range(n)]
+    engine = build_engine(model, max_num_seqs=n, max_model_len=2 * hi + 1, kv_layout="paged",
+                          max_num_batched_tokens=max(4 * hi, 2048), enable_chunked_prefill=True,
+                          decode_graphs="auto")
+    synchronize(device)
+    start = time.perf_counter()
+    engine.run([(0.0, p, SamplingParams(max_tokens=m, ignore_eos=True)) for p, m in reqs])
+    synchronize(device)
+    ours = sum(m for _, m in reqs) / (time.perf_counter() - start)
+    detail = f"ours {ours:.0f} tok/s on {n} requests of {lo}-{hi} tokens in and out"
+    if with_hf:
+        hf = _hf_twin(model)
+        batch = reqs[:min(64, n)]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device)
+        longest = max(m for _, m in batch)
+        synchronize(device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=longest,
+                        min_new_tokens=longest, eos_token_id=None, pad_token_id=0)
+        synchronize(device)
+        hf_rate = sum(m for _, m in batch) / (time.perf_counter() - start)
+        detail += f"; transformers {hf_rate:.0f} tok/s on the first {len(batch)} (one padded batch)"
+    return detail
+
+
 def check_lab(kind: str, profile: str, device: torch.device) -> str:
     contract = run_lab(kind, seed=0, profile=profile, device=str(device))  # validates itself
     return f"{len(contract['evidence'])} evidence items, profile {contract['profile']}"
@@ -187,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     for fmt in ("int8", "int4"):
         checks.append((f"quant-{fmt}", lambda fmt=fmt: check_quant(device, fmt, args.quick)))
     checks.append(("flash", lambda: check_flash(device, args.quick)))
+    for name in supported_dtypes(device):
+        dtype = getattr(torch, name)
+        checks.append((f"graphs-{name}", lambda dtype=dtype: check_graphs(device, dtype, args.quick)))
+    with_hf = not args.no_hf
+    checks.append(("bench-b1", lambda: check_bench_b1(device, args.quick, with_hf)))
+    checks.append(("bench-throughput", lambda: check_bench_throughput(device, args.quick, with_hf)))
     for kind in kinds:
         checks.append((f"lab-{kind}", lambda kind=kind: check_lab(kind, profile, device)))
 

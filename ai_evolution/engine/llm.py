@@ -327,7 +327,7 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
                  kv=None, max_num_batched_tokens: int | None = None,
                  enable_chunked_prefill: bool = False, token_fn=None, victim_fn=None,
                  kv_dtype: str | None = None, draft_model: Transformer | None = None,
-                 num_speculative_tokens: int = 4) -> LLMEngine:
+                 num_speculative_tokens: int = 4, decode_graphs: str | None = "auto") -> LLMEngine:
     """An engine on the real model. ``kv_layout="contiguous"``: one ``max_model_len`` row per
     request (``max_num_seqs`` rows). ``"paged"``: ``num_blocks`` blocks of ``block_size`` tokens
     (default: the same memory as the contiguous rows), with optional prefix caching. ``kv``: a
@@ -337,7 +337,10 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
     token split and preemption choice (chapter 5). ``kv_dtype="int8"``: the KV tensors are stored
     as int8 with a scale per token and head (chapter 7), about half the bytes of fp16.
     ``draft_model``: speculative decoding (chapter 9), ``num_speculative_tokens`` proposals per
-    step for every greedy request; the output stays the target's greedy output."""
+    step for every greedy request; the output stays the target's greedy output.
+    ``decode_graphs``: ``"auto"`` captures pure decode steps as CUDA graphs on a GPU (a small
+    model's step is otherwise bound by kernel launches) and does nothing on the CPU; None turns
+    them off; ``"eager"`` runs their static padded step without capture (``engine.executor.graphs``)."""
     for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len),
                         ("block_size", block_size)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -366,8 +369,9 @@ def build_engine(model: Transformer, *, max_num_seqs: int, max_model_len: int,
     if draft_model is not None:
         drafter = DraftProposer(draft_model, num_speculative_tokens, max_model_len)
         drafter.check_target(model)
-    return LLMEngine(scheduler, ModelRunner.for_kv(model, kv, kv_dtype), model.config.vocab_size,
-                     eos_token_id, drafter)
+    runner = ModelRunner.for_kv(model, kv, kv_dtype, decode_graphs=decode_graphs,
+                                max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    return LLMEngine(scheduler, runner, model.config.vocab_size, eos_token_id, drafter)
 
 
 class LLM:
@@ -377,6 +381,7 @@ class LLM:
     is the batch width; ``max_model_len`` the longest request (default: the model's maximum).
     ``kv_layout`` is ``"contiguous"`` (one row of ``max_model_len`` per request) or ``"paged"``
     (``num_blocks`` blocks of ``block_size`` tokens, prefix caching unless disabled).
+    ``enforce_eager=True`` turns off the CUDA graphs of decode steps (on a GPU they are on).
     """
 
     def __init__(self, model: str | Path | Transformer = "tiny-es", *, tokenizer: Tokenizer | str | None = None,
@@ -385,7 +390,8 @@ class LLM:
                  block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = True, max_num_batched_tokens: int | None = None,
                  enable_chunked_prefill: bool = False, dtype: torch.dtype | None = None,
-                 device: str | torch.device | None = None, kv_dtype: str | None = None) -> None:
+                 device: str | torch.device | None = None, kv_dtype: str | None = None,
+                 enforce_eager: bool = False) -> None:
         self.model = _as_model(model, dtype, device)
         config = self.model.config
         if tokenizer is None and isinstance(model, str) and (model in shipped_names()
@@ -400,7 +406,8 @@ class LLM:
                                    policy=policy, kv_layout=kv_layout, block_size=block_size,
                                    num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching,
                                    eos_token_id=eos, max_num_batched_tokens=max_num_batched_tokens,
-                                   enable_chunked_prefill=enable_chunked_prefill, kv_dtype=kv_dtype)
+                                   enable_chunked_prefill=enable_chunked_prefill, kv_dtype=kv_dtype,
+                                   decode_graphs=None if enforce_eager else "auto")
 
     def _encode(self, prompt) -> Sequence[int]:
         if isinstance(prompt, str):

@@ -31,6 +31,7 @@ from ..model.attention import kv_storage_nbytes, layer_views, new_kv_storage
 from ..model.decoder import Transformer
 from ..model.kv_quant import check_kv_dtype
 from ..model.sampling import pick_tokens
+from .graphs import GRAPH_BACKENDS, DecodeGraphs
 from .scheduler import SchedulerOutput
 
 
@@ -69,21 +70,36 @@ class ModelRunner:
     """
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int,
-                 kv_dtype: str | None = None) -> None:
+                 kv_dtype: str | None = None, decode_graphs: str | None = None,
+                 max_num_seqs: int = 1, max_model_len: int | None = None) -> None:
         param = next(model.parameters())
         self.model = model.eval()
         self.device, self.dtype = param.device, param.dtype
         if block_size > model.config.max_position_embeddings:
             raise ValueError(f"max_model_len={block_size} exceeds the model's "
                              f"max_position_embeddings={model.config.max_position_embeddings}")
+        if decode_graphs == "auto":
+            decode_graphs = "cuda" if self.device.type == "cuda" else None
+        if decode_graphs not in (None, *GRAPH_BACKENDS):
+            raise ValueError(f"decode_graphs={decode_graphs!r} no es válido; aceptados: 'auto', "
+                             f"{', '.join(repr(b) for b in GRAPH_BACKENDS)} o None")
         self.block_size = block_size
-        self.cache = BlockKVCache(model.config, num_blocks, block_size, dtype=self.dtype,
-                                  device=self.device, kv_dtype=kv_dtype)
+        # With decode graphs, one block more: the scratch block the padding rows write into.
+        self.cache = BlockKVCache(model.config, num_blocks + (decode_graphs is not None), block_size,
+                                  dtype=self.dtype, device=self.device, kv_dtype=kv_dtype)
+        self.graphs = None if decode_graphs is None else DecodeGraphs(
+            model, self.cache, max_num_seqs, max_model_len or block_size, backend=decode_graphs)
         self._t0 = time.perf_counter()
 
     @classmethod
-    def for_kv(cls, model: Transformer, kv, kv_dtype: str | None = None) -> "ModelRunner":
-        return cls(model, kv.num_blocks, kv.block_size, kv_dtype)
+    def for_kv(cls, model: Transformer, kv, kv_dtype: str | None = None, *,
+               decode_graphs: str | None = None, max_num_seqs: int = 1,
+               max_model_len: int | None = None) -> "ModelRunner":
+        """Sized from the scheduler's KV manager. ``decode_graphs``: ``"auto"`` (CUDA graphs for
+        pure decode steps on a GPU, none on the CPU), ``"cuda"``, ``"eager"`` (the graphs' static
+        padded step without capture: how the CPU checks it) or None (eager steps only)."""
+        return cls(model, kv.num_blocks, kv.block_size, kv_dtype, decode_graphs, max_num_seqs,
+                   max_model_len)
 
     # --- clock (the engine reads every timestamp from its executor) ------------------------------
     def now(self) -> float:
@@ -102,21 +118,11 @@ class ModelRunner:
         pending tokens (all of them, until chapter 5 splits prompts into chunks), or the
         exception its sampling raised. A request that verifies k draft tokens (greedy) gets the
         target's argmax at each of its last k + 1 positions, a list."""
-        ids, pos, blocks, offsets, last = [], [], [], [], []
-        bs = self.block_size
-        for s in out.scheduled:
-            ids += s.token_ids
-            positions = range(s.start, s.context_len)
-            pos += positions
-            blocks += [s.block_ids[p // bs] for p in positions]   # the slot mapping
-            offsets += [p % bs for p in positions]
-            last.append(len(ids) - 1)
-        dev = self.device
-        ids_t = torch.tensor(ids, device=dev)[None]                        # [1, N]
-        pos_t = torch.tensor(pos, device=dev)[None]                        # [1, N]
-        attn = _SelectiveAttention(out, torch.tensor(blocks, device=dev),
-                                   torch.tensor(offsets, device=dev), bs)
-        hidden = self.model.hidden_states(ids_t, pos_t, kv_cache=self.cache, attn_fn=attn)
+        if self.graphs is not None and self.graphs.covers(out):
+            hidden = self.graphs.hidden_states(out)[None]                  # [1, n, hidden]
+            last = list(range(len(out.scheduled)))
+        else:
+            hidden, last = self._eager_hidden_states(out)
         samples = [s for s in out.scheduled if s.samples]
         if not samples:
             synchronize(self.device)
@@ -144,6 +150,24 @@ class ModelRunner:
                 except Exception as err:  # noqa: BLE001 - reported as that request's error
                     out_tokens[s.request_id] = err
         return out_tokens
+
+    def _eager_hidden_states(self, out: SchedulerOutput) -> tuple[Tensor, list[int]]:
+        """Hidden states ``[1, N, hidden]`` of the step's flat row, and each request's last index."""
+        ids, pos, blocks, offsets, last = [], [], [], [], []
+        bs = self.block_size
+        for s in out.scheduled:
+            ids += s.token_ids
+            positions = range(s.start, s.context_len)
+            pos += positions
+            blocks += [s.block_ids[p // bs] for p in positions]   # the slot mapping
+            offsets += [p % bs for p in positions]
+            last.append(len(ids) - 1)
+        dev = self.device
+        ids_t = torch.tensor(ids, device=dev)[None]                        # [1, N]
+        pos_t = torch.tensor(pos, device=dev)[None]                        # [1, N]
+        attn = _SelectiveAttention(out, torch.tensor(blocks, device=dev),
+                                   torch.tensor(offsets, device=dev), bs)
+        return self.model.hidden_states(ids_t, pos_t, kv_cache=self.cache, attn_fn=attn), last
 
     def _generator(self, request) -> torch.Generator:
         if request.generator is None:

@@ -59,11 +59,18 @@ def workload(num_requests: int, prompt_len: int, mean_output: float, cap: int, v
     return fixed_prompt_workload(num_requests, prompt_len, lens, vocab_size, seed)
 
 
+def _runner(model, width: int, max_model_len: int) -> ModelRunner:
+    """One row of ``max_model_len`` per request; on a GPU, decode steps replay CUDA graphs (a
+    small model's step is otherwise bound by kernel launches, and the batching curve would be
+    flat for that reason, not because the weights are read once for the whole batch)."""
+    return ModelRunner(model, width, max_model_len, decode_graphs="auto", max_num_seqs=width)
+
+
 def serve(model, items: list[WorkItem], policy, max_num_seqs: int, max_model_len: int
           ) -> tuple[list[Request], list[StepRecord], float]:
     """Run ``items`` through a fresh engine on ``model``: requests, step history, wall seconds."""
     engine = LLMEngine(Scheduler(max_num_seqs, max_model_len, policy),
-                       ModelRunner(model, max_num_seqs, max_model_len), model.config.vocab_size)
+                       _runner(model, max_num_seqs, max_model_len), model.config.vocab_size)
     start = time.perf_counter()
     requests = engine.run(items)
     return requests, engine.history, time.perf_counter() - start
@@ -160,7 +167,7 @@ def serve_widths(model, workloads: dict[str, list[WorkItem]], widths: list[int],
         totals[name] = sum(i.params.max_tokens for i in items)
         for b in widths:
             engine = LLMEngine(Scheduler(b, max_model_len, policy),
-                               ModelRunner(model, b, max_model_len), model.config.vocab_size)
+                               _runner(model, b, max_model_len), model.config.vocab_size)
             for item in items:
                 engine.add_request(item.prompt_token_ids, item.params, arrival_time=engine.now())
             engines[name, b] = engine

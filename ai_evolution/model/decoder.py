@@ -84,11 +84,18 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)                              # [N, D]
         self._cos, self._sin = emb.cos(), emb.sin()
 
+    def reserve(self, n: int, device: torch.device | str) -> None:
+        """Tabulate positions ``0..n-1`` on ``device`` now. A CUDA graph cannot grow the table
+        while it records (reading ``positions.max()`` waits for the GPU), so the engine reserves
+        ``max_model_len`` positions before it captures."""
+        device = torch.device(device)
+        if self._cos is None or self._cos.shape[0] < n or self._cos.device != device:
+            self._grow(n, device)
+
     def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``positions`` ``[B, T]`` -> ``(cos, sin)`` each ``[B, 1, T, D]`` in ``dtype``."""
-        needed = int(positions.max()) + 1
-        if self._cos is None or self._cos.shape[0] < needed or self._cos.device != positions.device:
-            self._grow(needed, positions.device)
+        if not (positions.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self.reserve(int(positions.max()) + 1, positions.device)
         cos = self._cos[positions].to(dtype)[:, None]
         sin = self._sin[positions].to(dtype)[:, None]
         return cos, sin
