@@ -188,12 +188,14 @@ class _SelectiveAttention:
         self.block_of_token, self.offset_of_token = block_of_token, offset_of_token
         dev = block_of_token.device
         offs = _offsets(out)
-        # prefills: (first flat index, last + 1, blocks to read, start position)
+        # prefills: (first flat index, last + 1, blocks to read (an int when one), start position)
         self.prefills = []
         for s, a in zip(out.scheduled, offs):
             if s.num_tokens > 1:
                 n_blocks = -(-s.context_len // block_size)
-                self.prefills.append((a, a + s.num_tokens, list(s.block_ids[:n_blocks]), s.start))
+                blocks = s.block_ids[:n_blocks]
+                self.prefills.append((a, a + s.num_tokens, blocks[0] if n_blocks == 1 else
+                                      torch.tensor(blocks, device=dev), s.start))
         self.masks = {}
         for a, b, _, p0 in self.prefills:
             if p0:  # the new tokens also see the p0 tokens already cached
@@ -201,14 +203,15 @@ class _SelectiveAttention:
                 key = torch.arange(p0 + n, device=dev)
                 self.masks[a] = (key[None] <= (p0 + torch.arange(n, device=dev))[:, None])[None, None]
         decode = [(s, a) for s, a in zip(out.scheduled, offs) if s.num_tokens == 1]
-        self.decode = None
+        self.decode, self.dense = None, False
         if decode:
+            starts, firsts = [s.start for s, _ in decode], [s.first_block for s, _ in decode]
             idx = torch.tensor([a for _, a in decode], device=dev)
-            pos = torch.tensor([s.start for s, _ in decode], device=dev)
-            length = int(pos.max()) + 1
+            pos = torch.tensor(starts, device=dev)
+            length = max(starts) + 1
             n_blocks = -(-length // block_size)
-            first = torch.tensor([s.block_ids[0] for s, _ in decode], device=dev)
-            lo, hi = int(first.min()), int(first.max())
+            first = torch.tensor(firsts, device=dev)
+            lo, hi = min(firsts), max(firsts)
             if n_blocks == 1 and hi - lo + 1 <= 2 * len(decode):
                 # Everybody's tokens sit in the first block (always, with the contiguous layout)
                 # and those blocks are close together: read their range through a view; blocks
@@ -219,6 +222,9 @@ class _SelectiveAttention:
                 mask[..., 0] = True
                 mask[rows, 0, 0] = torch.arange(length, device=dev)[None] <= pos[:, None]
                 self.decode = (idx, rows, slice(lo, hi + 1), length, mask)
+                # Every token of the step is a decode token and the rows are the range itself,
+                # in order (always at batch 1): queries and outputs are views, nothing to scatter.
+                self.dense = not self.prefills and firsts == list(range(lo, hi + 1))
             else:
                 # Gather each request's blocks (padded with its first block) into [B, ...].
                 table = torch.tensor([list(s.block_ids[:n_blocks]) +
@@ -226,13 +232,16 @@ class _SelectiveAttention:
                                       for s, _ in decode], device=dev)
                 mask = (torch.arange(length, device=dev)[None] <= pos[:, None])[:, None, None]
                 self.decode = (idx, torch.arange(len(decode), device=dev), table, length, mask)
+                self.dense = not self.prefills
 
     @staticmethod
-    def _gather(cache: Tensor, blocks, length: int) -> Tensor:
+    def _gather(cache: Tensor, blocks: Tensor, length: int) -> Tensor:
         """Blocks ``[..., n]`` of a layer cache ``[num_blocks, Hkv, bs, D]`` as one sequence
         ``[..., Hkv, n * bs, D]`` cut to ``length`` tokens."""
-        g = cache[blocks]                                                  # [..., n, Hkv, bs, D]
-        g = g.transpose(-4, -3)                                            # [..., Hkv, n, bs, D]
+        if isinstance(cache, Tensor):  # one copy: gather along the blocks of a [Hkv, ...] view
+            g = cache.transpose(0, 1)[:, blocks].movedim(0, -4)           # [..., Hkv, n, bs, D]
+        else:                          # int8 views dequantize what they gather
+            g = cache[blocks].transpose(-4, -3)                            # [..., Hkv, n, bs, D]
         return g.reshape(*g.shape[:-3], -1, g.shape[-1])[..., :length, :]
 
     def __call__(self, q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -240,6 +249,15 @@ class _SelectiveAttention:
         # q [1, H, N, D]; k_new, v_new [1, Hkv, N, D]; caches [num_blocks, Hkv, block_size, D]
         k_cache[self.block_of_token, :, self.offset_of_token] = k_new[0].transpose(0, 1).to(k_cache.dtype)
         v_cache[self.block_of_token, :, self.offset_of_token] = v_new[0].transpose(0, 1).to(v_cache.dtype)
+        if self.dense:
+            _, _, where, length, mask = self.decode
+            if isinstance(where, slice):
+                kd, vd = k_cache[where, :, :length], v_cache[where, :, :length]
+            else:
+                kd, vd = self._gather(k_cache, where, length), self._gather(v_cache, where, length)
+            qd = q[0].transpose(0, 1)[:, :, None]                          # [n, H, 1, D]
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=True)
+            return od[:, :, 0].transpose(0, 1)[None]                       # [1, H, n, D]
         out = torch.empty_like(q)
         if self.decode is not None:
             idx, rows, where, length, mask = self.decode
@@ -255,8 +273,8 @@ class _SelectiveAttention:
             out[0, :, idx] = od[rows][:, :, 0].transpose(0, 1)
         for a, b, blocks, p0 in self.prefills:
             length = p0 + b - a
-            if len(blocks) == 1:
-                kc, vc = k_cache[blocks[0]:blocks[0] + 1, :, :length], v_cache[blocks[0]:blocks[0] + 1, :, :length]
+            if isinstance(blocks, int):  # one block: a view
+                kc, vc = k_cache[blocks:blocks + 1, :, :length], v_cache[blocks:blocks + 1, :, :length]
             else:
                 kc = self._gather(k_cache, blocks, length)[None]
                 vc = self._gather(v_cache, blocks, length)[None]
