@@ -178,3 +178,13 @@ def test_growth_reads_the_same_fit_as_the_exercise():
     assert found["growth_uncached"].value == pytest.approx(fit["exponent"], rel=1e-12)
     assert found["growth_uncached"].value == \
         claims.fit_growth(s["n"], s["total_s_uncached"])["exponent"]
+
+
+def test_only_a_small_model_is_said_to_be_bound_by_per_operation_overhead():
+    small = report(PARAMS, facts(), THEORY)["limitations"][0]
+    real = facts()
+    real["model"] = {**real["model"], "name": "Qwen/Qwen2.5-0.5B-Instruct", "parameters": 494_032_768}
+    large = report(PARAMS, real, THEORY)["limitations"][0]
+    assert "5,5 M parámetros" in small and "dominado por la sobrecarga por operación" in small
+    assert "Qwen/Qwen2.5-0.5B-Instruct (494,0 M parámetros)" in large
+    assert "sobrecarga" not in large and "no se trasladan a otro modelo ni a otra GPU" in large

@@ -22,11 +22,11 @@ import torch
 from .. import claims
 from ..fmt import es, es_bytes
 from ..generation import generate
-from ..model import get_preset, kv_bytes, kv_bytes_per_token, load_model, param_count
+from ..model import get_preset, kv_bytes, kv_bytes_per_token, param_count
 from ..model.attention import ContiguousKVCache
 from ..timing import fit_growth, interleaved_step_times, torch_threads
 from .contract import evidence as _ev, met_criteria_sentence, timing_limitation
-from .common import SERVED_MODELS, worked_examples
+from .common import GPU_TEXT_MODEL, TEXT_MODELS, ServedModel, load_served_model, worked_examples
 from .registry import LabParamError, LabSpec, Param
 
 ARITHMETIC_PRESETS = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.3",
@@ -35,6 +35,9 @@ ARITHMETIC_PRESETS = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b
 # order that still reads as rounding: a thousand times the float32 step of a value near 10
 # (a logit). A wrong cache (a missing token, a shifted position) moves values by 1e-2 to 1.
 ROUNDING_LIMIT = 1e-3
+# Below this many parameters (tiny-es has about 5 M) a step's time is the fixed cost of each
+# operation, not the bytes it reads; a real checkpoint (Qwen2.5-0.5B: about 500 M) is not assumed so.
+SMALL_MODEL_PARAMETERS = 50e6
 
 
 def check_params(params: dict, config) -> None:
@@ -226,9 +229,11 @@ def criteria_sentence(met: dict[str, bool]) -> str:
 
 
 def report(params: dict, facts: dict, timing: dict,
-           found: dict[str, claims.Claim] | None = None) -> dict:
+           found: dict[str, claims.Claim] | None = None, served: ServedModel | None = None) -> dict:
     """The contract's body from the measurements (:func:`measure_cache`, :func:`measure_timing`);
-    ``found``: the claims of :func:`verdicts` the page already glued (computed here otherwise)."""
+    ``found``: the claims of :func:`verdicts` the page already glued (computed here otherwise);
+    ``served``: how the model was loaded (:func:`load_served_model`), whose fallback, if any,
+    the limitations state."""
     found = verdicts(facts, timing) if found is None else found
     dtype = params["dtype"]
     # --- 1. arithmetic -------------------------------------------------------------------------
@@ -314,10 +319,14 @@ def report(params: dict, facts: dict, timing: dict,
         found["growth_uncached"].evidence("exponente"),
         found["growth_cached"].evidence("exponente"),
     ]
+    small = m["parameters"] < SMALL_MODEL_PARAMETERS
     limitations = [
         f"Los tiempos se midieron con el modelo {m['name']} ({es(m['parameters'] / 1e6, 1)} M "
-        "parámetros), cuyo paso está dominado por la sobrecarga por operación, no por el ancho de "
-        "banda: las cifras absolutas no se trasladan a un modelo 7B en GPU.",
+        "parámetros), " + ("cuyo paso está dominado por la sobrecarga por operación, no por el "
+                           "ancho de banda: las cifras absolutas no se trasladan a un modelo 7B "
+                           "en GPU." if small else
+                           "en este dispositivo y este dtype: las cifras absolutas no se trasladan "
+                           "a otro modelo ni a otra GPU."),
         timing_limitation(reps),
         f"Las {reps} rondas con y sin caché se midieron intercaladas, con "
         f"{timing['torch_threads']} {'hilo' if timing['torch_threads'] == 1 else 'hilos'} de "
@@ -329,8 +338,12 @@ def report(params: dict, facts: dict, timing: dict,
         "La igualdad de tokens con y sin caché se comprobó en decodificación voraz y en "
         f"{m['dtype']}; en fp16/bf16 un empate casi exacto de logits puede cambiar un token.",
     ]
+    environment = {"model": m["name"], "dtype": m["dtype"]}
+    if served is not None:
+        limitations = served.limitations() + limitations
+        environment.update(served.environment())
     return {
-        "environment": {"model": m["name"], "dtype": m["dtype"]},
+        "environment": environment,
         "results": results,
         "evidence": evidence,
         "limitations": limitations,
@@ -339,12 +352,13 @@ def report(params: dict, facts: dict, timing: dict,
 
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
-    model = load_model(params["model"], seed, device)
+    served = load_served_model(params["model"], seed, device)
+    model = served.model
     check_params(params, model.config)
     prompts = lab_prompts(model.config, params, seed)
     facts = measure_cache(model, params, prompts)
     timing = measure_timing(model, prompts[0][: params["prompt_len"]], params)
-    return report(params, facts, timing)
+    return report(params, facts, timing, served=served)
 
 
 SPEC = LabSpec(
@@ -354,8 +368,9 @@ SPEC = LabSpec(
     folder="labs/02-kv-cache",
     run=run,
     params={
-        "model": Param("tiny-es", str, "modelo de las mediciones (tiny-es: pesos entrenados; "
-                       "los demás, pesos aleatorios)", choices=SERVED_MODELS),
+        "model": Param("tiny-es", str, "modelo de las mediciones (tiny-es y los de Qwen: pesos "
+                       "entrenados, los de Qwen se descargan del Hub de Hugging Face; los demás, "
+                       "pesos aleatorios)", choices=TEXT_MODELS, by_profile={"gpu": GPU_TEXT_MODEL}),
         "dtype": Param("bf16", str, "dtype de la aritmética de memoria",
                        choices=("fp32", "fp16", "bf16", "int8")),
         "context_len": Param(4096, int, "contexto de referencia para la aritmética", min=1),

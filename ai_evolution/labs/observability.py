@@ -45,10 +45,10 @@ from ..hardware import get_device_spec
 from ..loadgen import open_loop_workload, poisson_arrivals, realized_rate
 from ..loadgen.inprocess import run_closed_loop, run_open_loop
 from ..metrics import bootstrap_ci, load_test_summary, percentile, summarize
-from ..model import get_preset, load_model
+from ..model import get_preset
 from ..sim import RooflineCostModel, sim_engine
 from .contract import datasheet_sim_limitation, evidence as _ev, timing_limitation
-from .common import SERVED_MODELS
+from .common import GPU_TEXT_MODEL, TEXT_MODELS, ServedModel, load_served_model
 from .registry import LabParamError, LabSpec, Param
 
 # Streams of seeds: the closed loop, the sweep, the repeats and the long runs draw independent
@@ -392,8 +392,11 @@ def coordinated_omission(measured: dict) -> claims.Claim:
                       "cola entre los dos bucles no es concluyente"))
 
 
-def report(model_name: str, params: dict, measured: dict, simulated: dict) -> dict:
-    """The contract's body from the two studies (``analyse`` on the engine, ``simulate``).
+def report(model_name: str, params: dict, measured: dict, simulated: dict,
+           served: ServedModel | None = None) -> dict:
+    """The contract's body from the two studies (``analyse`` on the engine, ``simulate``);
+    ``served``: how the model was loaded (``load_served_model``), whose fallback, if any, the
+    limitations state.
 
     Everything measured on this machine goes under ``results.measured`` (volatile); the arrival
     schedules (their realized/configured rate ratios do not depend on the clock) and the
@@ -488,7 +491,11 @@ def report(model_name: str, params: dict, measured: dict, simulated: dict) -> di
         "measured": _clean(_slim(measured)),
         "simulated": _clean(_slim(simulated)),
     }
-    return {"environment": {"model": model_name}, "results": results, "evidence": evidence,
+    environment = {"model": model_name}
+    if served is not None:
+        limitations = served.limitations() + limitations
+        environment.update(served.environment())
+    return {"environment": environment, "results": results, "evidence": evidence,
             "limitations": limitations, "volatile_fields": ["results.measured"]}
 
 
@@ -510,11 +517,11 @@ def check_params(params: dict, max_positions: int) -> None:
 
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
-    model = load_model(params["model"], seed, device)
-    cfg = model.config
+    served = load_served_model(params["model"], seed, device)
+    cfg = served.model.config
     check_params(params, cfg.max_position_embeddings)
     width, shape = params["max_num_seqs"], (params["prompt_len"], params["output_len"], cfg.vocab_size)
-    target = real_target(model, width, params["prompt_len"] + params["output_len"])
+    target = real_target(served.model, width, params["prompt_len"] + params["output_len"])
     progress = sys.stderr.isatty()
     n = params["requests_per_rate"]
     with torch_threads(params["torch_threads"]):
@@ -526,7 +533,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
                              params["repeats"], n, *shape, seed, progress=progress)
     measured = analyse(cap, sweep, reps, params)
     simulated = simulate(params, seed)
-    return report(cfg.name, params, measured, simulated)
+    return report(cfg.name, params, measured, simulated, served)
 
 
 SPEC = LabSpec(
@@ -536,7 +543,8 @@ SPEC = LabSpec(
     folder="labs/06-observability",
     run=run,
     params={
-        "model": Param("tiny-es", str, "modelo servido", choices=SERVED_MODELS),
+        "model": Param("tiny-es", str, "modelo servido (los de Qwen se descargan del Hub de "
+                       "Hugging Face)", choices=TEXT_MODELS, by_profile={"gpu": GPU_TEXT_MODEL}),
         "max_num_seqs": Param(8, int, "filas de caché KV del servidor (y clientes del bucle "
                               "cerrado)", min=1, max=1024),
         "prompt_len": Param(256, int, "tokens de cada prompt", min=1, max=100_000,

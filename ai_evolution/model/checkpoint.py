@@ -145,8 +145,10 @@ def load_pretrained(name_or_path: str | Path, dtype: torch.dtype = torch.float32
     config_path = folder / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"no se encuentra {config_path}; hay: {_listing(folder)}")
+    # A Hub snapshot's folder is named after a commit: the model is named after its id.
+    hub_id = name_or_path if isinstance(name_or_path, str) and looks_like_hub_id(name_or_path) else None
     try:
-        config = ModelConfig.from_hf_config(config_path)
+        config = ModelConfig.from_hf_config(config_path, name=hub_id)
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{config_path}: {e}") from e
     files = _weight_files(folder)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 # Only what load_pretrained and load_tokenizer read (no PyTorch .bin, no ONNX, no GGUF).
 HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
-             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+             "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+             "chat_template.jinja"]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.request import RequestRejected, validate_prompt
 from . import protocol as P
-from .chat_template import apply_chat_template
+from .chat_template import ChatTemplateError, apply_chat_template
 from .detokenize import IncrementalDetokenizer
 from .engine_loop import EngineLoop, EngineStopped, Event, QueueFull, RequestHandle
 from .metrics import ServerMetrics
@@ -132,7 +132,10 @@ def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
             P.check_text(text, f"messages[{i}].content", state.max_prompt_chars)
         if state.max_prompt_chars is not None and sum(len(t) for _, t in messages) > state.max_prompt_chars:
             P.check_text("".join(t for _, t in messages), "messages", state.max_prompt_chars)
-        ids = await asyncio.to_thread(apply_chat_template, state.tokenizer, messages)
+        try:
+            ids = await asyncio.to_thread(apply_chat_template, state.tokenizer, messages)
+        except ChatTemplateError as e:  # e.g. a template that rejects the order of the roles
+            raise P.APIError(400, str(e), param="messages") from None
         ids = _checked_prompt(state, ids, "messages")
         params = P.to_sampling_params(body, len(ids), state.max_model_len, state.vocab_size,
                                       default_max_tokens=None)

@@ -30,7 +30,11 @@ def _engine_and_tokenizer(llm_or_engine, tokenizer):
 
 
 def default_model_name(tokenizer) -> str:
-    """The served name: the tokenizer's folder (``tiny-es`` for the shipped model)."""
+    """The served name: the tokenizer's name (its Hub id, or its folder: ``tiny-es`` for the
+    shipped model)."""
+    name = getattr(tokenizer, "name", None)
+    if name:
+        return name
     path = getattr(tokenizer, "path", None)
     return Path(path).parent.name if path is not None else "ai-evolution"
 
