@@ -113,8 +113,7 @@ def graded_kv_cache(tmp_path_factory, worker_id):
 # `make check` (the everyday tier) runs `-m "not slow"`: no notebook execution, no book build, no
 # real grading kernels. `make test` runs everything.
 SLOW_MODULES = {"test_book.py", "test_grading.py", "test_grading_adversarial.py",
-                "test_claims_under_load.py"}
-SLOW_TESTS = {"test_student_notebook_stops_at_first_exercise_with_spanish_hint"}
+                "test_claims_under_load.py", "test_install.py"}
 
 # `make test` runs on two workers (pytest-xdist, `--dist loadscope --no-loadscope-reorder`): a
 # module's tests go to one worker (its module fixtures are built once), in the order below.
@@ -172,7 +171,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         name = getattr(item, "originalname", item.name)
         fixtures = set(getattr(item, "fixturenames", ()))
-        if item.path.name in SLOW_MODULES or name in SLOW_TESTS or "built_book" in fixtures:
+        if item.path.name in SLOW_MODULES or "built_book" in fixtures:
             item.add_marker(pytest.mark.slow)
         if ("built_book" in fixtures and item.path.name != FIRST_MODULES[0]
                 and name not in BOOK_READERS):
