@@ -22,6 +22,9 @@ Checks:
   backends the device offers (a T4 has no FlashAttention-2);
 - ``graphs-<dtype>``: the engine with decode graphs (CUDA graphs on a GPU; on the CPU their
   static padded step without capture) gives the tokens of the engine without them;
+- ``server``: the OpenAI-compatible server on the device, through the official ``openai``
+  client: concurrent completions (greedy: the same prompt gives the same text), a chat and a
+  stream;
 - ``bench-b1``: batch-1 decode of a ~0,5B model (random weights of ``qwen2.5-0.5b``; ``tiny-es``
   with ``--quick``) in the device's default dtype, as tokens/s and as the fraction of the
   bandwidth floor (bytes a step reads / read bandwidth measured in this run): ours with graphs,
@@ -179,12 +182,48 @@ def check_graphs(device: torch.device, dtype: torch.dtype, quick: bool) -> str:
         outs[graphs] = [r.output_token_ids for r in engines[graphs].run(items)]
     bad = [i for i, (a, b) in enumerate(zip(outs[None], outs[backend])) if a != b]
     runs = engines[backend].executor.graphs
+    if runs.disabled:
+        raise AssertionError(f"graph capture failed, the engine ran eager: {runs.disabled}")
     detail = f"{runs.steps} decode steps through {backend} graphs of sizes {sorted(runs.graphs) or runs.sizes}"
     if bad and dtype == torch.float32:
         raise AssertionError(f"{len(bad)} of {len(items)} requests differ with graphs: {bad}")
     if bad:  # 16-bit: padded batches and whole-table reads round a near-tie differently
         return f"{len(items) - len(bad)} of {len(items)} identical (16-bit: informative); {detail}"
     return f"{len(items)} requests identical; {detail}"
+
+
+def check_server(device: torch.device, quick: bool) -> str:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from ai_evolution.server import serve_in_thread
+
+    n, tokens = (4, 6) if quick else (16, 24)
+    # fp32: the same prompt alone and in a batch must agree (16-bit may flip a near-tie)
+    llm = LLM("tiny-es", device=device, dtype=torch.float32, max_num_seqs=8, kv_layout="paged")
+    with serve_in_thread(llm, max_waiting=64) as server:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        model = client.models.list().data[0].id
+        prompts = [f"Había una vez {i}" for i in range(n)] + ["Había una vez 0"]
+
+        def complete(prompt: str):
+            return client.completions.create(model=model, prompt=prompt, max_tokens=tokens,
+                                             temperature=0)
+
+        with ThreadPoolExecutor(8) as pool:
+            outs = list(pool.map(complete, prompts))
+        chat = client.chat.completions.create(model=model, max_tokens=tokens, temperature=0,
+                                              messages=[{"role": "user", "content": "Hola"}])
+        pieces = [c.choices[0].text for c in client.completions.create(
+            model=model, prompt=prompts[0], max_tokens=tokens, temperature=0, stream=True)
+                  if c.choices]
+    if any(o.usage.completion_tokens < 1 for o in outs) or not chat.choices[0].message.content:
+        raise AssertionError("an empty answer")
+    if outs[0].choices[0].text != outs[-1].choices[0].text or "".join(pieces) != outs[0].choices[0].text:
+        raise AssertionError("greedy answers to the same prompt differ (batched, alone, streamed)")
+    return (f"{n + 1} concurrent completions, a chat and a stream of {model} through the openai "
+            "client; greedy answers agree")
 
 
 def _bench_model(device: torch.device, quick: bool):
@@ -320,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in supported_dtypes(device):
         dtype = getattr(torch, name)
         checks.append((f"graphs-{name}", lambda dtype=dtype: check_graphs(device, dtype, args.quick)))
+    checks.append(("server", lambda: check_server(device, args.quick)))
     with_hf = not args.no_hf
     checks.append(("bench-b1", lambda: check_bench_b1(device, args.quick, with_hf)))
     checks.append(("bench-throughput", lambda: check_bench_throughput(device, args.quick, with_hf)))

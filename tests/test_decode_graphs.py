@@ -112,3 +112,24 @@ def test_decode_graphs_cap_their_batch(tiny):
     assert isinstance(engine.executor.graphs, DecodeGraphs)
     assert engine.executor.graphs.sizes[-1] == MAX_GRAPH_BATCH
 
+
+
+def test_a_failed_capture_warns_and_the_engine_goes_on_without_graphs(tiny, one_thread, monkeypatch):
+    items = _workload(tiny.config.vocab_size, 5, seed=7)
+    engine = build_engine(tiny, max_num_seqs=4, max_model_len=64, kv_layout="paged",
+                          decode_graphs="eager")
+    graphs = engine.executor.graphs
+    graphs.backend = "cuda"  # as on a GPU, with a capture that fails
+
+    def broken(size):
+        raise RuntimeError("operación no capturable")
+
+    monkeypatch.setattr(graphs, "_capture", broken)
+    for i, (prompt, params) in enumerate(items):
+        engine.add_request(prompt, params, request_id=f"r{i}")
+    with pytest.warns(RuntimeWarning, match="no se pudo capturar.*operación no capturable"):
+        while engine.has_unfinished_requests():
+            engine.step()
+    assert graphs.disabled == "RuntimeError: operación no capturable" and graphs.steps == 1
+    for i, (prompt, params) in enumerate(items):
+        assert engine.requests[f"r{i}"].output_token_ids == solo(tiny, prompt, params)

@@ -17,9 +17,9 @@ def test_every_check_passes_on_the_cpu_and_prints_a_row(capsys, one_thread):
     out = capsys.readouterr().out
     for name in ("probes", "exact-float32", "exact-bfloat16", "kv-int8", "speculative",
                  "quant-int8", "quant-int4", "flash", "graphs-float32", "graphs-bfloat16",
-                 "bench-b1", "bench-throughput"):
+                 "server", "bench-b1", "bench-throughput"):
         assert f"\n{name} " in out and "FAIL" not in out
-    assert "12 of 12 checks passed" in out
+    assert "13 of 13 checks passed" in out
     assert "decode steps through eager graphs" in out and "of the floor" in out
 
 
@@ -31,7 +31,7 @@ def test_a_failing_check_is_reported_and_the_others_still_run(capsys, monkeypatc
     assert device_checks.main(["--device", "cpu", "--quick", "--no-hf"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "RuntimeError: sonda rota" in out
-    assert "exact-float32             ok" in out and "11 of 12 checks passed" in out
+    assert "exact-float32             ok" in out and "12 of 13 checks passed" in out
 
 
 def test_an_unknown_lab_kind_is_refused_with_the_accepted_ones(capsys):

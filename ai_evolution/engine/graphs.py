@@ -19,6 +19,8 @@ the scratch block and the masks against the eager runner, since CUDA graphs need
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -66,13 +68,14 @@ class DecodeGraphs:
         self.offset = torch.zeros(n, **long)                        # ... and offset of each token
         self.tables = torch.full((n, self.max_blocks), self.scratch, **long)
         model.model.rotary_emb.reserve(max_model_len, dev)         # no table growth inside a graph
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, Tensor | None]] = {}
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self.pool = None
         self.steps = 0  # decode steps run through the static buffers
+        self.disabled: str | None = None  # why capture failed (the engine then runs eager)
 
     def covers(self, out) -> bool:
         """Whether the step is a pure decode step these buffers can take."""
-        return (0 < len(out.scheduled) <= self.sizes[-1]
+        return (self.disabled is None and 0 < len(out.scheduled) <= self.sizes[-1]
                 and all(s.num_tokens == 1 and not s.draft_tokens for s in out.scheduled))
 
     def hidden_states(self, out) -> Tensor:
@@ -103,7 +106,14 @@ class DecodeGraphs:
         if self.backend == "eager":
             return self._forward(size)[0, :n]
         if size not in self.graphs:
-            self._capture(size)
+            try:
+                self._capture(size)
+            except Exception as err:  # noqa: BLE001 - a capture bug must not stop the serving
+                self.disabled = f"{type(err).__name__}: {err}"
+                warnings.warn("no se pudo capturar el paso de decodificación como grafo CUDA "
+                              f"({self.disabled}); el motor sigue sin grafos (más lento, mismos "
+                              "tokens)", RuntimeWarning, stacklevel=3)
+                return self._forward(size)[0, :n]
         graph, hidden = self.graphs[size]
         graph.replay()
         return hidden[0, :n]
