@@ -47,3 +47,42 @@ def test_fp16_engine_gives_the_generators_greedy_tokens(half, name):
     if name != "contiguous":
         assert usage["prefix_hit_tokens"] > 0
     assert llm.engine.executor.cache.k.dtype == torch.float16
+
+
+ENGINE_LABS = ("kv_cache", "continuous_batching", "paged_attention", "scheduler", "observability",
+               "speculative")
+
+
+@pytest.mark.parametrize("kind", ENGINE_LABS)
+def test_engine_labs_run_in_fp16_and_their_claims_hold(kind, monkeypatch):
+    """``model_dtype="fp16"``: what ``auto`` picks on a T4. Every forward pass of the lab runs on
+    fp16 weights, the contract validates and every claim agrees with its numbers."""
+    import json
+
+    from ai_evolution import claims
+    from ai_evolution.labs import run_lab
+    from ai_evolution.model.decoder import Transformer
+    from test_claims_under_load import _fast_params
+
+    seen = set()
+    forward = Transformer.hidden_states
+
+    def spy(self, *args, **kwargs):
+        seen.add(next(self.parameters()).dtype)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(Transformer, "hidden_states", spy)
+    contract = run_lab(kind, seed=0, profile="ci", model_dtype="fp16", **_fast_params(kind))
+    assert seen == {torch.float16}
+    assert contract["params"]["model_dtype"] == "fp16"
+    assert claims.recheck_contract(contract) == []
+    json.dumps(contract)  # the contract stays JSON
+
+
+def test_auto_serves_fp32_on_the_cpu_and_the_devices_dtype_elsewhere(monkeypatch):
+    from ai_evolution.labs import common
+
+    assert common.served_dtype("auto", "cpu") == torch.float32
+    assert common.served_dtype("fp16", "cpu") == torch.float16
+    monkeypatch.setattr(common, "default_dtype", lambda device: torch.float16)  # a T4
+    assert common.served_dtype("auto", "cuda") == torch.float16

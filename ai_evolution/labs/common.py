@@ -10,9 +10,11 @@ from dataclasses import dataclass
 import torch
 
 from ..fmt import es
+from ..hardware import default_dtype
 from ..model import (MemoryBudget, Tokenizer, Transformer, dtype_bytes, get_preset, load_model,
                      load_pretrained, load_tokenizer, memory_budget, param_count, shipped_names)
 from ..model.hub import looks_like_hub_id
+from .registry import Param
 
 # Served by the engine labs (2-6): the shipped trained model, and two presets with random weights.
 SERVED_MODELS = ("tiny-es", "smollm2-135m", "cpu-200m")
@@ -23,6 +25,20 @@ HUB_MODELS = ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen3-0.6B")
 TEXT_MODELS = SERVED_MODELS + HUB_MODELS
 GPU_TEXT_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # the `gpu` profile's model of labs 2 and 6
 FALLBACK_MODEL = "tiny-es"                     # served when the checkpoint cannot be had
+
+
+# The dtype of the served model's weights in the engine labs (2-6, 9).
+MODEL_DTYPES = ("auto", "fp32", "fp16", "bf16")
+MODEL_DTYPE_PARAM = Param("auto", str, "dtype de los pesos del modelo servido (auto: fp32 en CPU, "
+                          "donde se compara con la decodificación voraz exacta; en GPU, bf16, o "
+                          "fp16 si la GPU no tiene bf16, como una T4)", choices=MODEL_DTYPES)
+
+
+def served_dtype(choice: str, device: torch.device | str) -> torch.dtype:
+    """The weights' dtype for ``MODEL_DTYPE_PARAM``'s value on ``device``."""
+    if choice == "auto":
+        return torch.float32 if torch.device(device).type == "cpu" else default_dtype(device)
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[choice]
 
 
 class ServedModelFallback(UserWarning):

@@ -42,7 +42,7 @@ from ..metrics import summarize
 from ..model import get_preset, load_model
 from ..sim import RooflineCostModel, fit_cost_model, sim_engine, step_cost
 from ..timing import torch_threads
-from .common import SERVED_MODELS, dtype_name
+from .common import SERVED_MODELS, dtype_name, MODEL_DTYPE_PARAM, served_dtype
 from .contract import datasheet_sim_limitation, evidence as _ev, threads_limitation
 from .registry import LabParamError, LabSpec, Param
 
@@ -472,7 +472,8 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
 
 
 def _run(seed: int, params: dict, device: torch.device) -> dict:
-    model = load_model(params["model"], seed, device)
+    model = load_model(params["model"], seed, device,
+                       dtype=served_dtype(params["model_dtype"], device))
     cfg, dtype = model.config, dtype_name(model)
     width, reps = params["max_num_seqs"], params["repeats"]
     max_len = check_params(params, cfg)
@@ -499,6 +500,7 @@ SPEC = LabSpec(
     params={
         "model": Param("tiny-es", str, "modelo servido (pesos aleatorios salvo tiny-es)",
                        choices=SERVED_MODELS),
+        "model_dtype": MODEL_DTYPE_PARAM,
         "num_requests": Param(96, int, "peticiones de la carga", min=2, max=10_000,
                               by_profile={"ci": 32, "gpu": 128}),
         "prompt_len": Param(32, int, "tokens de cada prompt", min=1, max=4096),

@@ -26,7 +26,8 @@ from ..model import get_preset, kv_bytes, kv_bytes_per_token, param_count
 from ..model.attention import ContiguousKVCache
 from ..timing import fit_growth, interleaved_step_times, torch_threads
 from .contract import evidence as _ev, met_criteria_sentence, timing_limitation
-from .common import GPU_TEXT_MODEL, TEXT_MODELS, ServedModel, load_served_model, worked_examples
+from .common import (GPU_TEXT_MODEL, load_served_model, MODEL_DTYPE_PARAM, served_dtype,
+                     ServedModel, TEXT_MODELS, worked_examples)
 from .registry import LabParamError, LabSpec, Param
 
 ARITHMETIC_PRESETS = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.3",
@@ -352,7 +353,8 @@ def report(params: dict, facts: dict, timing: dict,
 
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
-    served = load_served_model(params["model"], seed, device)
+    served = load_served_model(params["model"], seed, device,
+                               dtype=served_dtype(params["model_dtype"], device))
     model = served.model
     check_params(params, model.config)
     prompts = lab_prompts(model.config, params, seed)
@@ -371,6 +373,7 @@ SPEC = LabSpec(
         "model": Param("tiny-es", str, "modelo de las mediciones (tiny-es y los de Qwen: pesos "
                        "entrenados, los de Qwen se descargan del Hub de Hugging Face; los demás, "
                        "pesos aleatorios)", choices=TEXT_MODELS, by_profile={"gpu": GPU_TEXT_MODEL}),
+        "model_dtype": MODEL_DTYPE_PARAM,
         "dtype": Param("bf16", str, "dtype de la aritmética de memoria",
                        choices=("fp32", "fp16", "bf16", "int8")),
         "context_len": Param(4096, int, "contexto de referencia para la aritmética", min=1),

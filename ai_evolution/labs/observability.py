@@ -48,7 +48,8 @@ from ..metrics import bootstrap_ci, load_test_summary, percentile, summarize
 from ..model import get_preset
 from ..sim import RooflineCostModel, sim_engine
 from .contract import datasheet_sim_limitation, evidence as _ev, timing_limitation
-from .common import GPU_TEXT_MODEL, TEXT_MODELS, ServedModel, load_served_model
+from .common import (GPU_TEXT_MODEL, load_served_model, MODEL_DTYPE_PARAM, served_dtype,
+                     ServedModel, TEXT_MODELS)
 from .registry import LabParamError, LabSpec, Param
 
 # Streams of seeds: the closed loop, the sweep, the repeats and the long runs draw independent
@@ -517,7 +518,8 @@ def check_params(params: dict, max_positions: int) -> None:
 
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
-    served = load_served_model(params["model"], seed, device)
+    served = load_served_model(params["model"], seed, device,
+                               dtype=served_dtype(params["model_dtype"], device))
     cfg = served.model.config
     check_params(params, cfg.max_position_embeddings)
     width, shape = params["max_num_seqs"], (params["prompt_len"], params["output_len"], cfg.vocab_size)
@@ -545,6 +547,7 @@ SPEC = LabSpec(
     params={
         "model": Param("tiny-es", str, "modelo servido (los de Qwen se descargan del Hub de "
                        "Hugging Face)", choices=TEXT_MODELS, by_profile={"gpu": GPU_TEXT_MODEL}),
+        "model_dtype": MODEL_DTYPE_PARAM,
         "max_num_seqs": Param(8, int, "filas de caché KV del servidor (y clientes del bucle "
                               "cerrado)", min=1, max=1024),
         "prompt_len": Param(256, int, "tokens de cada prompt", min=1, max=100_000,

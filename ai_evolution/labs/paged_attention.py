@@ -33,7 +33,7 @@ from ..sim import RooflineCostModel, sim_engine
 from ..timing import torch_threads
 from .contract import (datasheet_sim_limitation, evidence as _ev, threads_limitation,
                        timing_limitation)
-from .common import SERVED_MODELS, worked_examples
+from .common import SERVED_MODELS, worked_examples, MODEL_DTYPE_PARAM, served_dtype
 from .registry import LabParamError, LabSpec, Param
 
 
@@ -384,7 +384,8 @@ def check_params(params: dict, config) -> None:
 
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
-    model = load_model(params["model"], seed, device)
+    model = load_model(params["model"], seed, device,
+                       dtype=served_dtype(params["model_dtype"], device))
     cfg = model.config
     check_params(params, cfg)
     repeats = params["timing_repeats"]
@@ -407,6 +408,7 @@ SPEC = LabSpec(
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo servido", choices=SERVED_MODELS),
+        "model_dtype": MODEL_DTYPE_PARAM,
         "num_requests": Param(64, int, "peticiones de la carga", min=2, max=10_000,
                               by_profile={"ci": 32}),
         "timing_repeats": Param(5, int, "pares intercalados cronometrados (contigua/bloques y "

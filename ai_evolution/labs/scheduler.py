@@ -31,7 +31,7 @@ from ..sim import RooflineCostModel, sim_engine
 from ..timing import torch_threads
 from .contract import (datasheet_sim_limitation, evidence as _ev, threads_limitation,
                        timing_limitation)
-from .common import SERVED_MODELS
+from .common import SERVED_MODELS, MODEL_DTYPE_PARAM, served_dtype
 from .registry import LabParamError, LabSpec, Param
 
 
@@ -331,7 +331,8 @@ def check_params(params: dict, config) -> None:
 
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
-    model = load_model(params["model"], seed, device)
+    model = load_model(params["model"], seed, device,
+                       dtype=served_dtype(params["model_dtype"], device))
     check_params(params, model.config)
     repeats = params["timing_repeats"]
     real = tradeoff_real(model, params, seed, repeats)
@@ -348,6 +349,7 @@ SPEC = LabSpec(
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo servido", choices=SERVED_MODELS),
+        "model_dtype": MODEL_DTYPE_PARAM,
         "max_model_len": Param(512, int, "tokens por petición como máximo", min=16, max=8192),
         "decoders": Param(8, int, "peticiones decodificando cuando llega el prompt largo", min=1,
                           max=1024, by_profile={"ci": 6}),

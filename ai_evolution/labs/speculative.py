@@ -46,6 +46,7 @@ from ..sim.cost_model import (best_k, expected_tokens_per_step, predict_speculat
 from ..speculative import (SpecStep, SpeculativeOutput, chi_square_gof, greedy_accept, pooled,
                            speculative_generate)
 from ..timing import torch_threads
+from .common import MODEL_DTYPE_PARAM, served_dtype
 from .contract import (evidence as _ev, met_criteria_sentence, threads_limitation,
                        timing_limitation)
 from .registry import LabParamError, LabSpec, Param
@@ -527,8 +528,9 @@ def check_params(params: dict) -> None:
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     check_params(params)
     with torch_threads(params["torch_threads"]):
-        target = load_model(params["model"], seed, device)
-        draft = load_model(params["draft"], seed, device)
+        dtype = served_dtype(params["model_dtype"], device)
+        target = load_model(params["model"], seed, device, dtype=dtype)
+        draft = load_model(params["draft"], seed, device, dtype=dtype)
         prompts = held_out_prompts(params["model"], params["prompts"], params["prompt_len"])
         acceptance = measure_acceptance(target, draft, prompts, params)
         costs = measure_step_costs(target, draft, prompts[0], params)
@@ -547,6 +549,7 @@ SPEC = LabSpec(
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo objetivo", choices=("tiny-es",)),
+        "model_dtype": MODEL_DTYPE_PARAM,
         "draft": Param("tiny-es-draft", str, "modelo borrador (mismo tokenizador)",
                        choices=("tiny-es-draft", "tiny-es")),
         "ks": Param([1, 2, 3, 4, 6], int, "tokens propuestos por paso", min=1, max=16,
