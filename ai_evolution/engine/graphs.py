@@ -41,8 +41,9 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     """Pure decode steps of up to ``max_batch`` requests, run on static buffers at a padded batch
-    size. ``backend="cuda"``: each size is captured as a CUDA graph at its first use and replayed
-    after; ``"eager"``: the same static step, run without capture (for the CPU).
+    size. ``backend="cuda"``: every size is captured as a CUDA graph when the engine starts
+    (``capture_all``) and replayed after; ``"eager"``: the same static step, run without capture
+    (for the CPU).
 
     ``cache`` must have one block more than the KV manager hands out: the last one is the scratch
     block of the padding rows.
@@ -72,6 +73,24 @@ class DecodeGraphs:
         self.pool = None
         self.steps = 0  # decode steps run through the static buffers
         self.disabled: str | None = None  # why capture failed (the engine then runs eager)
+        if backend == "cuda":
+            self.capture_all()
+
+    def capture_all(self) -> None:
+        """Capture every size now, on dummy rows (token 0 at position 0 in the scratch block), as
+        vLLM and nano-vllm do when the engine starts: no step that is being timed pays for a
+        capture. Largest first, so the smaller graphs reuse the pool's memory."""
+        try:
+            for size in reversed(self.sizes):
+                self._capture(size)
+        except Exception as err:  # noqa: BLE001 - a capture bug must not stop the serving
+            self._disable(err)
+
+    def _disable(self, err: Exception) -> None:
+        self.disabled = f"{type(err).__name__}: {err}"
+        warnings.warn("no se pudo capturar el paso de decodificación como grafo CUDA "
+                      f"({self.disabled}); el motor sigue sin grafos (más lento, mismos tokens)",
+                      RuntimeWarning, stacklevel=3)
 
     def covers(self, out) -> bool:
         """Whether the step is a pure decode step these buffers can take."""
@@ -105,16 +124,7 @@ class DecodeGraphs:
         self.steps += 1
         if self.backend == "eager":
             return self._forward(size)[0, :n]
-        if size not in self.graphs:
-            try:
-                self._capture(size)
-            except Exception as err:  # noqa: BLE001 - a capture bug must not stop the serving
-                self.disabled = f"{type(err).__name__}: {err}"
-                warnings.warn("no se pudo capturar el paso de decodificación como grafo CUDA "
-                              f"({self.disabled}); el motor sigue sin grafos (más lento, mismos "
-                              "tokens)", RuntimeWarning, stacklevel=3)
-                return self._forward(size)[0, :n]
-        graph, hidden = self.graphs[size]
+        graph, hidden = self.graphs[size]  # every size was captured when the engine started
         graph.replay()
         return hidden[0, :n]
 
@@ -125,8 +135,8 @@ class DecodeGraphs:
                                         attn_fn=attn)
 
     def _capture(self, size: int) -> None:
-        # One eager run first (the step's own inputs: it writes the K/V the replay writes again,
-        # with the same values), so that lazy initialisations happen outside the capture.
+        # One eager run first (on the dummy rows: it writes only the scratch block), so that
+        # lazy initialisations happen outside the capture.
         self._forward(size)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
