@@ -610,3 +610,14 @@ def test_command_line_server_starts_answers_and_stops():
         out = proc.communicate(timeout=30)[0].decode()
     # uvicorn shuts down gracefully, then re-raises the signal it caught (exit status -SIGTERM)
     assert proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in out, out
+
+
+def test_cli_serves_a_hub_id_under_its_full_name_and_can_turn_graphs_off():
+    from ai_evolution.server.__main__ import parser, served_name
+
+    assert served_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert served_name("tiny-es") == "tiny-es"
+    assert served_name("/tmp/checkpoints/mi-modelo") == "mi-modelo"
+    assert served_name("Qwen/Qwen2.5-0.5B-Instruct", "qwen") == "qwen"
+    assert parser().parse_args(["--enforce-eager"]).enforce_eager
+    assert not parser().parse_args([]).enforce_eager

@@ -500,10 +500,13 @@ def report(model_name: str, params: dict, measured: dict, simulated: dict,
             "limitations": limitations, "volatile_fields": ["results.measured"]}
 
 
-def check_params(params: dict, max_positions: int) -> None:
+def check_params(params: dict, max_positions: int, served: str | None = None) -> None:
+    """``served``: the model actually served (it differs from ``params["model"]`` after a
+    fallback)."""
     if params["prompt_len"] + params["output_len"] > max_positions:
         raise LabParamError(f"prompt_len + output_len = {params['prompt_len'] + params['output_len']} "
-                            f"supera las {max_positions} posiciones del modelo {params['model']}")
+                            f"supera las {max_positions} posiciones del modelo "
+                            f"{served or params['model']}")
     if params["closed_loop_requests"] < 2 * params["max_num_seqs"]:
         raise LabParamError(f"closed_loop_requests={params['closed_loop_requests']} debe ser al menos "
                             f"2 × max_num_seqs = {2 * params['max_num_seqs']} (una ronda completa "
@@ -521,7 +524,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     served = load_served_model(params["model"], seed, device,
                                dtype=served_dtype(params["model_dtype"], device))
     cfg = served.model.config
-    check_params(params, cfg.max_position_embeddings)
+    check_params(params, cfg.max_position_embeddings, served.name)
     width, shape = params["max_num_seqs"], (params["prompt_len"], params["output_len"], cfg.vocab_size)
     target = real_target(served.model, width, params["prompt_len"] + params["output_len"])
     progress = sys.stderr.isatty()

@@ -14,6 +14,7 @@ import torch
 import uvicorn
 
 from ..engine.llm import KV_LAYOUTS, LLM
+from ..model.hub import looks_like_hub_id
 from ..model.tokenizer import shipped_names
 from .app import create_app
 
@@ -25,8 +26,9 @@ def parser() -> argparse.ArgumentParser:
                     "ai_evolution (/v1/completions, /v1/chat/completions, /v1/models, /health, "
                     "/metrics).")
     p.add_argument("--model", default="tiny-es",
-                   help=f"modelo incluido ({', '.join(shipped_names()) or 'ninguno'}) o carpeta de "
-                        "un checkpoint de Hugging Face (por defecto: tiny-es)")
+                   help=f"modelo incluido ({', '.join(shipped_names()) or 'ninguno'}), id del Hub "
+                        "de Hugging Face (p. ej. Qwen/Qwen2.5-0.5B-Instruct; se descarga una vez) o "
+                        "carpeta de un checkpoint (por defecto: tiny-es)")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizador (nombre incluido o carpeta); por defecto, el del modelo")
     p.add_argument("--served-model-name", default=None,
@@ -49,11 +51,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=256,
                    help="peticiones en cola como máximo; más allá se responde 503 (por defecto 256)")
     p.add_argument("--device", default=None, help="cpu o cuda (por defecto cpu)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="sin grafos CUDA en los pasos de decodificación (en GPU van con ellos)")
     p.add_argument("--threads", type=int, default=None,
                    help="hilos de PyTorch en CPU (torch.set_num_threads)")
     p.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
     return p
+
+
+def served_name(model: str, explicit: str | None = None) -> str:
+    """The name clients ask for: ``--served-model-name``, else a Hub id as given (as vLLM
+    serves it), else the folder's or shipped model's name."""
+    if explicit:
+        return explicit
+    if looks_like_hub_id(model) and not Path(model).exists():
+        return model
+    return Path(model).name
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,8 +83,9 @@ def main(argv: list[str] | None = None) -> None:
               block_size=args.block_size, num_blocks=args.num_blocks,
               enable_prefix_caching=not args.no_prefix_caching,
               max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_chunked_prefill=args.enable_chunked_prefill, device=args.device)
-    name = args.served_model_name or Path(str(args.model)).name
+              enable_chunked_prefill=args.enable_chunked_prefill, device=args.device,
+              enforce_eager=args.enforce_eager)
+    name = served_name(args.model, args.served_model_name)
     app = create_app(llm.engine, llm.tokenizer, model_name=name, max_waiting=args.max_waiting)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=5)
