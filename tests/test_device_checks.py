@@ -39,3 +39,12 @@ def test_an_unknown_lab_kind_is_refused_with_the_accepted_ones(capsys):
         device_checks.main(["--device", "cpu", "--labs", "kv_cach"])
     err = capsys.readouterr().err
     assert "kv_cach" in err and "kv_cache" in err
+
+
+def test_the_benchmark_rows_compare_with_transformers_on_the_cpu(one_thread):
+    """The `transformers` side of the benchmark rows (left out above by --no-hf), small."""
+    cpu = device_checks.torch.device("cpu")
+    b1 = device_checks.check_bench_b1(cpu, quick=True, with_hf=True)
+    assert b1.count("tok/s") == 3 and "hf " in b1 and "of the floor" in b1
+    rate = device_checks.check_bench_throughput(cpu, quick=True, with_hf=True)
+    assert "ours " in rate and "transformers " in rate and "first 8" in rate
