@@ -76,17 +76,9 @@ def check_exact(device: torch.device, dtype: torch.dtype, quick: bool) -> str:
 
 
 def check_hf_logits(device: torch.device, quick: bool) -> str:
-    import transformers
-
     from ai_evolution.model import load_pretrained
     ours = load_pretrained("tiny-es", dtype=torch.float32, device=device)
-    hf_dict = ours.config.to_hf_config()
-    hf = transformers.AutoModelForCausalLM.from_config(
-        transformers.AutoConfig.for_model(hf_dict.pop("model_type"), **hf_dict),
-        dtype=torch.float32).to(device).eval()
-    missing, unexpected = hf.load_state_dict(ours.state_dict(), strict=False)
-    if unexpected or any("rotary" not in m for m in missing):
-        raise AssertionError(f"state dicts differ: missing {missing}, unexpected {unexpected}")
+    hf = _hf_twin(ours)
     ids = torch.randint(3, ours.config.vocab_size, (2, 32 if quick else 256),
                         generator=torch.Generator().manual_seed(0)).to(device)
     with torch.inference_mode():
@@ -227,23 +219,26 @@ def check_server(device: torch.device, quick: bool) -> str:
 
 
 def _bench_model(device: torch.device, quick: bool):
+    """~0,5B parameters (random weights: only the shapes matter), tiny-es with ``quick``, in the
+    device's serving dtype."""
     from ai_evolution.hardware import default_dtype
-    from ai_evolution.model import get_preset, load_model, random_model
+    from ai_evolution.model import load_model
 
-    dtype = default_dtype(device)
-    if quick:
-        return load_model("tiny-es", device=device, dtype=dtype)
-    return random_model(get_preset("qwen2.5-0.5b"), seed=0).to(device=device, dtype=dtype).eval()
+    return load_model("tiny-es" if quick else "qwen2.5-0.5b", device=device,
+                      dtype=default_dtype(device))
 
 
 def _hf_twin(model):
+    """The transformers model with ``model``'s weights, on its device and in its dtype."""
     import transformers
 
     hf_dict = model.config.to_hf_config()
     param = next(model.parameters())
     hf = transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.for_model(hf_dict.pop("model_type"), **hf_dict), dtype=param.dtype)
-    hf.load_state_dict(model.state_dict(), strict=False)
+    missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
+    if unexpected or any("rotary" not in m for m in missing):
+        raise AssertionError(f"state dicts differ: missing {missing}, unexpected {unexpected}")
     return hf.to(param.device).eval()
 
 
@@ -257,15 +252,14 @@ def check_bench_b1(device: torch.device, quick: bool, with_hf: bool) -> str:
     model = _bench_model(device, quick)
     prompt, new = _prompts(model.config.vocab_size, 1)[0][:32], 16 if quick else 128
     bandwidth = probe_summary(device, quick=quick)["bandwidth_read_gbps"] * 1e9
-    dtype_name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[
-        next(model.parameters()).dtype]
-    floor = decode_step_cost(model.config, 1, len(prompt) + new // 2, dtype=dtype_name).bytes / bandwidth
+    floor = decode_step_cost(model.config, 1, len(prompt) + new // 2,
+                             dtype=next(model.parameters()).dtype).bytes / bandwidth
     steps = {}
     graphs = "cuda" if device.type == "cuda" else "eager"
     for name, mode in (("graphs", graphs), ("eager", None)):
         engine = build_engine(model, max_num_seqs=1, max_model_len=len(prompt) + new + 1,
                               kv_layout="paged", decode_graphs=mode)
-        for _ in range(2):  # the first run captures the graph
+        for _ in range(2):  # the first run warms up
             engine.run([(0.0, prompt, SamplingParams(max_tokens=new, ignore_eos=True))])
         steps[name] = statistics.median(h.duration for h in engine.history[-(new - 1):])
     if with_hf:

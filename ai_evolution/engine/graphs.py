@@ -22,8 +22,9 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from ..model.attention import decode_attention, gather_blocks, write_slots
 
 GRAPH_BACKENDS = ("cuda", "eager")
 MAX_GRAPH_BATCH = 32
@@ -153,22 +154,12 @@ class _StaticDecodeAttention:
     values in the buffers."""
 
     def __init__(self, block: Tensor, offset: Tensor, tables: Tensor, pos: Tensor, length: int) -> None:
-        self.block, self.offset, self.tables = block, offset, tables
+        self.block, self.offset, self.tables, self.length = block, offset, tables, length
         self.mask = (torch.arange(length, device=pos.device)[None] <= pos[:, None])[:, None, None]
-
-    @staticmethod
-    def _gather(cache: Tensor, tables: Tensor) -> Tensor:
-        g = cache[tables]                                        # [B, n, Hkv, bs, D]
-        g = g.transpose(1, 2)                                    # [B, Hkv, n, bs, D]
-        return g.reshape(g.shape[0], g.shape[1], -1, g.shape[-1])
 
     def __call__(self, q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor,
                  positions: Tensor) -> Tensor:
         # q [1, H, B, D]; k_new, v_new [1, Hkv, B, D]; caches [num_blocks, Hkv, block_size, D]
-        k_cache[self.block, :, self.offset] = k_new[0].transpose(0, 1).to(k_cache.dtype)
-        v_cache[self.block, :, self.offset] = v_new[0].transpose(0, 1).to(v_cache.dtype)
-        kd, vd = self._gather(k_cache, self.tables), self._gather(v_cache, self.tables)
-        qd = q[0].transpose(0, 1)[:, :, None]                    # [B, H, 1, D]
-        od = F.scaled_dot_product_attention(qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=self.mask,
-                                            enable_gqa=True)      # [B, H, 1, D]
-        return od[:, :, 0].transpose(0, 1)[None]                 # [1, H, B, D]
+        write_slots(k_cache, v_cache, self.block, self.offset, k_new, v_new)
+        return decode_attention(q, gather_blocks(k_cache, self.tables, self.length),
+                                gather_blocks(v_cache, self.tables, self.length), self.mask)

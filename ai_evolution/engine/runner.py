@@ -27,7 +27,8 @@ from torch import Tensor
 
 from ..hardware import synchronize
 from ..model.config import ModelConfig
-from ..model.attention import kv_storage_nbytes, layer_views, new_kv_storage
+from ..model.attention import (decode_attention, gather_blocks, kv_storage_nbytes, layer_views,
+                               new_kv_storage, write_slots)
 from ..model.decoder import Transformer
 from ..model.kv_quant import check_kv_dtype
 from ..model.sampling import pick_tokens
@@ -234,40 +235,21 @@ class _SelectiveAttention:
                 self.decode = (idx, torch.arange(len(decode), device=dev), table, length, mask)
                 self.dense = not self.prefills
 
-    @staticmethod
-    def _gather(cache: Tensor, blocks: Tensor, length: int) -> Tensor:
-        """Blocks ``[..., n]`` of a layer cache ``[num_blocks, Hkv, bs, D]`` as one sequence
-        ``[..., Hkv, n * bs, D]`` cut to ``length`` tokens."""
-        if isinstance(cache, Tensor):  # one copy: gather along the blocks of a [Hkv, ...] view
-            g = cache.transpose(0, 1)[:, blocks].movedim(0, -4)           # [..., Hkv, n, bs, D]
-        else:                          # int8 views dequantize what they gather
-            g = cache[blocks].transpose(-4, -3)                            # [..., Hkv, n, bs, D]
-        return g.reshape(*g.shape[:-3], -1, g.shape[-1])[..., :length, :]
-
     def __call__(self, q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor,
                  positions: Tensor) -> Tensor:
         # q [1, H, N, D]; k_new, v_new [1, Hkv, N, D]; caches [num_blocks, Hkv, block_size, D]
-        k_cache[self.block_of_token, :, self.offset_of_token] = k_new[0].transpose(0, 1).to(k_cache.dtype)
-        v_cache[self.block_of_token, :, self.offset_of_token] = v_new[0].transpose(0, 1).to(v_cache.dtype)
-        if self.dense:
-            _, _, where, length, mask = self.decode
-            if isinstance(where, slice):
-                kd, vd = k_cache[where, :, :length], v_cache[where, :, :length]
-            else:
-                kd, vd = self._gather(k_cache, where, length), self._gather(v_cache, where, length)
-            qd = q[0].transpose(0, 1)[:, :, None]                          # [n, H, 1, D]
-            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=True)
-            return od[:, :, 0].transpose(0, 1)[None]                       # [1, H, n, D]
-        out = torch.empty_like(q)
+        write_slots(k_cache, v_cache, self.block_of_token, self.offset_of_token, k_new, v_new)
         if self.decode is not None:
             idx, rows, where, length, mask = self.decode
             if isinstance(where, slice):   # one block each: a view of the block range
                 kd, vd = k_cache[where, :, :length], v_cache[where, :, :length]
-                n_rows = where.stop - where.start
             else:                          # paged: gather each request's blocks
-                kd, vd = self._gather(k_cache, where, length), self._gather(v_cache, where, length)
-                n_rows = len(idx)
-            qd = q.new_zeros(n_rows, q.shape[1], 1, q.shape[3])
+                kd, vd = gather_blocks(k_cache, where, length), gather_blocks(v_cache, where, length)
+            if self.dense:
+                return decode_attention(q, kd, vd, mask)
+        out = torch.empty_like(q)
+        if self.decode is not None:
+            qd = q.new_zeros(kd.shape[0], q.shape[1], 1, q.shape[3])
             qd[rows] = q[0, :, idx].transpose(0, 1)[:, :, None]
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=True)
             out[0, :, idx] = od[rows][:, :, 0].transpose(0, 1)
@@ -276,8 +258,8 @@ class _SelectiveAttention:
             if isinstance(blocks, int):  # one block: a view
                 kc, vc = k_cache[blocks:blocks + 1, :, :length], v_cache[blocks:blocks + 1, :, :length]
             else:
-                kc = self._gather(k_cache, blocks, length)[None]
-                vc = self._gather(v_cache, blocks, length)[None]
+                kc = gather_blocks(k_cache, blocks, length)[None]
+                vc = gather_blocks(v_cache, blocks, length)[None]
             if p0:
                 o = F.scaled_dot_product_attention(q[:, :, a:b], kc, vc, attn_mask=self.masks[a],
                                                    enable_gqa=True)

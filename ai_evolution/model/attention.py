@@ -88,6 +88,35 @@ def kv_storage_nbytes(k, v) -> int:
     return sum(t.nbytes for t in ((*k, *v) if isinstance(k, tuple) else (k, v)))
 
 
+# Operations on one layer's block store, ``[num_blocks, Hkv, block_size, D]`` (the engine's
+# ``BlockKVCache``), shared by its eager step and its decode graphs.
+
+def write_slots(k_cache, v_cache, blocks: Tensor, offsets: Tensor, k_new: Tensor,
+                v_new: Tensor) -> None:
+    """Store the K/V ``[1, Hkv, N, D]`` of N new tokens in their slots: token ``t`` at block
+    ``blocks[t]``, offset ``offsets[t]`` (the slot mapping)."""
+    k_cache[blocks, :, offsets] = k_new[0].transpose(0, 1).to(k_cache.dtype)
+    v_cache[blocks, :, offsets] = v_new[0].transpose(0, 1).to(v_cache.dtype)
+
+
+def gather_blocks(cache, blocks: Tensor, length: int) -> Tensor:
+    """Blocks ``[..., n]`` of a layer's block store as one sequence ``[..., Hkv, n * bs, D]``
+    cut to ``length`` tokens."""
+    if isinstance(cache, Tensor):  # one copy: gather along the blocks of a [Hkv, ...] view
+        g = cache.transpose(0, 1)[:, blocks].movedim(0, -4)           # [..., Hkv, n, bs, D]
+    else:                          # int8 views dequantize what they gather
+        g = cache[blocks].transpose(-4, -3)                            # [..., Hkv, n, bs, D]
+    return g.reshape(*g.shape[:-3], -1, g.shape[-1])[..., :length, :]
+
+
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """One query per row: ``q`` ``[1, H, n, D]`` (row ``i``'s query is token ``i``), keys and
+    values ``[n, Hkv, L, D]``, ``mask`` ``[n, 1, 1, L]`` -> ``[1, H, n, D]``, through views."""
+    qd = q[0].transpose(0, 1)[:, :, None]                              # [n, H, 1, D]
+    od = F.scaled_dot_product_attention(qd, k, v, attn_mask=mask, enable_gqa=True)
+    return od[:, :, 0].transpose(0, 1)[None]                           # [1, H, n, D]
+
+
 def cached_attention(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor,
                      positions: Tensor) -> Tensor:
     """One attention step over a KV cache: store the new keys/values, then attend to the past.
