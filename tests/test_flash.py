@@ -11,9 +11,8 @@ import torch.nn.functional as F
 from engine_helpers import PROPS
 from hypothesis import given, settings, strategies as st
 
-from ai_evolution.engine.runner import _SelectiveAttention
 from ai_evolution.generation import generate
-from ai_evolution.model.attention import ContiguousKVCache, cached_attention
+from ai_evolution.model.attention import ContiguousKVCache, cached_attention, gather_blocks
 from ai_evolution.model.flash import (IOCounter, combine_partials, finish_state,
                                       flash_attention, flash_cached_attention, gather_paged_kv,
                                       init_state, merge_states, naive_attention,
@@ -206,7 +205,7 @@ def test_paged_equals_contiguous(T, causal):
     q, k, v = random_qkv(3, 4, 2, T, 23, 8, seed=7)
     kc, vc, tables = paged_copy(k, v, block_size=4, num_blocks=40, seed=1)
     assert torch.equal(gather_paged_kv(kc, tables, 23), k)
-    assert torch.equal(gather_paged_kv(kc, tables, 23), _SelectiveAttention._gather(kc, tables, 23))
+    assert torch.equal(gather_blocks(kc, tables[0], 23), k[0])  # one request's table
     lens = torch.tensor([23, 17, 9])                           # rows hold different lengths
     io = IOCounter()
     out = paged_flash_attention(q, kc, vc, tables, lens, causal=causal, block_q=2, io=io)

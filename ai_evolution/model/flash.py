@@ -42,6 +42,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from .attention import gather_blocks
+
 BLOCK_Q = 64
 """Default query rows per tile."""
 BLOCK_K = 64
@@ -323,9 +325,7 @@ def gather_paged_kv(cache: Tensor, block_tables: Tensor, length: int) -> Tensor:
     bs = cache.shape[2]
     if length > block_tables.shape[1] * bs:
         raise ValueError(f"{length} tokens no caben en {block_tables.shape[1]} bloques de {bs}")
-    g = cache[block_tables]                                  # [B, n, Hkv, bs, D]
-    g = g.transpose(1, 2)                                    # [B, Hkv, n, bs, D]
-    return g.reshape(g.shape[0], g.shape[1], -1, g.shape[-1])[:, :, :length]
+    return gather_blocks(cache, block_tables, length)        # the engine's own read
 
 
 def paged_flash_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
