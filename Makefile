@@ -6,9 +6,11 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 # Profile the labs use while the book executes them (ci: 2-core CPU, small workloads).
 BOOK_PROFILE ?= ci
+# Notebook pages executed at once before the build (one torch thread each).
+BOOK_JOBS ?= 2
 
 .DEFAULT_GOAL := book
-.PHONY: book test check student sync clean venv
+.PHONY: book test check student sync outputs clean venv
 
 venv: $(VENV)/.installed
 
@@ -21,7 +23,10 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	touch $@
 
 book: export AI_EVOLUTION_PROFILE = $(BOOK_PROFILE)
+# Pages execute BOOK_JOBS at a time into the build's execution cache, then the build finds them
+# cached (scripts/execute_book.py): each page executes once.
 book: $(VENV)/.installed
+	$(BIN)/python scripts/execute_book.py --jobs $(BOOK_JOBS)
 	$(BIN)/jupyter-book build --all -W -n --keep-going .
 
 # The whole suite (what CI runs); the 15 slowest tests are listed at the end. Two workers: one
@@ -41,6 +46,11 @@ student: $(VENV)/.installed
 # One-way update: the MyST .md is the source, the paired .ipynb follows it (keeps cell ids).
 sync: $(VENV)/.installed
 	$(BIN)/jupytext --to ipynb --update labs/*/notebook_solution.md
+
+# After an intended change of a lab's checked outputs: store the fresh build's in the paired
+# notebooks (make test compares the book's execution with them; scripts/store_checked_outputs.py).
+outputs: $(VENV)/.installed
+	$(BIN)/python scripts/store_checked_outputs.py
 
 # Removes the build output (including the execution cache); keeps the venv.
 clean:

@@ -1,11 +1,13 @@
 """Fixtures shared by the tests: small models, one thread, and the book built once per session."""
 
 import fcntl
+import json
 import os
 import pickle
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -77,21 +79,37 @@ def once_per_run(tmp_path_factory, worker_id: str, name: str, produce):
 
 
 def build_book(out: Path) -> dict:
+    """`make book` into ``out``: the notebook pages executed two at a time into the build's
+    execution cache (`scripts/execute_book.py`), then `jupyter-book build`, which finds them
+    cached. Each page executes once. The wall times go to ``out/_build/execution_times.json``."""
     env = dict(os.environ, AI_EVOLUTION_PROFILE="ci")
+    start = time.perf_counter()
+    execute = subprocess.run([sys.executable, str(ROOT / "scripts" / "execute_book.py"),
+                              "--path-output", str(out), "--jobs", "2"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    executed_s = time.perf_counter() - start
     cmd = [_jupyter_book(), "build", "--all", "-W", "-n", "--keep-going", "--path-output", str(out),
            str(ROOT)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    times = out / "_build" / "execution_times.json"
+    report = json.loads(times.read_text(encoding="utf-8")) if times.is_file() else {}
+    report.update(execute_s=round(executed_s, 1), build_s=round(time.perf_counter() - start, 1))
+    times.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    log = (execute.stdout[-4000:] + execute.stderr[-4000:] + "\n" + proc.stdout[-8000:] + "\n"
+           + proc.stderr[-8000:])
     return {"out": out, "html": out / "_build" / "html", "executed": out / "_build" / "jupyter_execute",
-            "returncode": proc.returncode, "log": proc.stdout[-8000:] + "\n" + proc.stderr[-8000:]}
+            "returncode": proc.returncode or execute.returncode, "log": log}
 
 
 @pytest.fixture(scope="session")
 def built_book(tmp_path_factory, worker_id):
-    """The book built exactly as `make book` builds it (`--all -W -n --keep-going`, labs in the
-    `ci` profile), into an empty folder (so every page executes from scratch), once per run. The
-    executed lab notebooks it leaves in `_build/jupyter_execute/` are the first execution the
-    notebook tests check (nbval re-executes them once more): each lab runs twice in the whole
-    suite, not three times. Returns the output folder and the build's exit code and log."""
+    """The book built exactly as `make book` builds it (pages executed two at a time, then
+    `--all -W -n --keep-going`, labs in the `ci` profile), into an empty folder (so every page
+    executes from scratch), once per run. The executed lab notebooks it leaves in
+    `_build/jupyter_execute/` are the only execution of each lab in the suite: nbval compares them
+    with the committed outputs without running them again (tests/nbval_replay.py), and lab 2's
+    grading run compares the grader's execution with them. Returns the output folder and the
+    build's exit code and log."""
     return once_per_run(tmp_path_factory, worker_id, "book", build_book)
 
 
@@ -180,3 +198,25 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("these tests read the book build but are not named in "
                                 "BOOK_READERS of tests/conftest.py: " + ", ".join(unnamed))
     items.sort(key=lambda item: run_order(item.nodeid))  # stable within each rank
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The suite's closing lines: the book build's wall time and each page's execution, on this
+    machine (the budgets are held by tests/test_book.py)."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    try:
+        base = factory.getbasetemp()
+    except (OSError, ValueError):
+        return
+    found = [*base.glob("book*/_build/execution_times.json"),
+             *base.glob("popen-gw*/book*/_build/execution_times.json")]
+    for times in sorted(found):
+        report = json.loads(times.read_text(encoding="utf-8"))
+        write = terminalreporter.write_line
+        write(f"book build: {report.get('build_s', '?')} s in all, pages executed in "
+              f"{report.get('wall_s', '?')} s with {report.get('jobs', '?')} processes "
+              f"(CPU: {report.get('cpu', '?')}, {os.cpu_count()} cores)")
+        for page, item in sorted(report.get("pages", {}).items(), key=lambda kv: -kv[1]["seconds"]):
+            write(f"  {item['seconds']:7.1f} s  {page}")

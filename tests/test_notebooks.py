@@ -146,17 +146,35 @@ def assert_checked_outputs_agree(reference, other) -> None:
         assert got[source] == outputs, f"checked outputs differ in cell {source[:80]!r}"
 
 
+def nbval_replay(reference: Path, executed: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """nbval (``--nbval-lax``: the cells tagged ``nbval-check-output``) on ``reference``, answered
+    by ``executed``'s outputs instead of a kernel (tests/nbval_replay.py)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "nbval_replay", "--nbval-lax", "--nbval-current-env",
+                           "--nbval-replay", str(executed), "--rootdir", str(cwd), str(reference)],
+                          capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def unstored_checked_cells(paired) -> list[str]:
+    """Checked cells of a committed paired notebook with no stored output to compare (nbval
+    would skip them silently: it compares only cells with an execution count)."""
+    return [c.source[:60] for c in paired.cells if c.cell_type == "code"
+            and "nbval-check-output" in c.metadata.get("tags", [])
+            and (c.execution_count is None or not c.outputs)]
+
+
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=IDS)
 def test_solution_runs_under_ci_and_its_checked_outputs_are_reproducible(solution, built_book,
                                                                        tmp_path, request):
-    # The first execution is the book build's (the page the reader sees, `ci` profile, seed 0);
-    # nbval below is the second (for lab 2, the grader's): each lab runs twice in the suite.
+    # The only execution of the lab in the suite is the book build's (the page the reader sees,
+    # `ci` profile, seed 0). nbval compares it with the outputs committed in the paired .ipynb
+    # (`make outputs` stores them) without running it again.
     built = built_book["executed"] / solution.relative_to(ROOT).with_suffix(".ipynb")
     assert built.is_file(), (f"the book build left no executed {built.name} for {solution.parent.name} "
                              f"(build exit {built_book['returncode']}):\n{built_book['log'][-3000:]}")
-    out = tmp_path / "executed.ipynb"
-    shutil.copyfile(built, out)
-    executed = nbformat.read(out, as_version=4)
+    executed = nbformat.read(built, as_version=4)
     text = "\n".join(o.get("text", "") for c in executed.cells if c.cell_type == "code"
                      for o in c.outputs)
     assert "✘" not in text and text.count("✔") >= 3  # every lab has at least two checks and the challenge
@@ -165,18 +183,49 @@ def test_solution_runs_under_ci_and_its_checked_outputs_are_reproducible(solutio
     glue_file = built.with_suffix(".glue.json")
     assert glue_file.is_file(), f"the book build stored no glued values for {solution.parent.name}"
     assert_page_agrees_with_its_contract(executed, _glue_file_texts(glue_file))
+    paired = solution.with_suffix(".ipynb")
+    assert not unstored_checked_cells(nbformat.read(paired, as_version=4)), (
+        f"{paired.relative_to(ROOT)}: checked cells without stored outputs "
+        f"{unstored_checked_cells(nbformat.read(paired, as_version=4))}; run `make book && make outputs`")
+    reference = tmp_path / "reference.ipynb"
+    shutil.copyfile(paired, reference)
+    proc = nbval_replay(reference, built, tmp_path)
+    assert proc.returncode == 0, (f"{solution.parent.name}: checked outputs differ from the committed "
+                                  f"ones (if the change is intended: `make book && make outputs`)\n"
+                                  + proc.stdout[-4000:])
     if solution.parent == ROOT / "labs" / "02-kv-cache":
-        # Lab 2's second execution is the grader's (the solution graded as a submission, seed 0,
-        # `ci`): the same comparison as nbval's, without a third run.
+        # Lab 2 is also graded as a submission (the solution, seed 0, `ci`): the grader's
+        # execution must give the same checked outputs as the book's.
         graded = request.getfixturevalue("graded_kv_cache")["out"] / "executed" / "solucion.ipynb"
         assert_checked_outputs_agree(executed, nbformat.read(graded, as_version=4))
-        return
-    # nbval re-executes the notebook and compares the cells tagged nbval-check-output.
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "--nbval-lax", "--nbval-current-env", str(out)],
-                          capture_output=True, text=True, cwd=tmp_path,
-                          env=dict(os.environ, AI_EVOLUTION_PROFILE="ci"))
-    assert proc.returncode == 0, proc.stdout[-4000:]
+
+
+def test_nbval_replay_fails_a_changed_checked_output_and_passes_an_equal_one(tmp_path):
+    """The replay is nbval's own comparison: a checked cell whose output changed fails with
+    nbval's message, an equal one passes, an unchecked cell is not compared."""
+    def notebook(checked_text: str, other_text: str, stored: bool):
+        cells = []
+        for source, text, tags in (("print(1.5)", checked_text, ["nbval-check-output"]),
+                                   ("print('t')", other_text, [])):
+            cell = nbformat.v4.new_code_cell(source, execution_count=1 if stored else None)
+            cell.metadata["tags"] = tags
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)] \
+                if stored or tags == [] else []
+            cells.append(cell)
+        return nbformat.v4.new_notebook(cells=cells)
+
+    reference = tmp_path / "reference.ipynb"
+    nbformat.write(notebook("1,5\n", "", stored=True), reference)
+    for name, checked_text, other_text, ok in (("same", "1,5\n", "12 s\n", True),
+                                               ("changed", "1,6\n", "9 s\n", False)):
+        executed = tmp_path / f"{name}.ipynb"
+        nbformat.write(notebook(checked_text, other_text, stored=True), executed)
+        proc = nbval_replay(reference, executed, tmp_path)
+        assert (proc.returncode == 0) == ok, proc.stdout[-2000:]
+        if not ok:
+            assert "Cell outputs differ" in proc.stdout and "1,6" in proc.stdout
+    unstored = notebook("", "", stored=False)
+    assert unstored_checked_cells(unstored) == ["print(1.5)"]
 
 
 def test_checked_output_comparison_finds_a_changed_output_or_a_missing_cell():

@@ -667,6 +667,7 @@ SPEC = LabSpec(
     title="FlashAttention",
     chapter=8,
     folder="labs/08-flash-attention",
+    ci_budget_s=30,
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo de la prueba de generación", choices=SERVED_MODELS),

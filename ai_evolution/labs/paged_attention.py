@@ -405,6 +405,7 @@ SPEC = LabSpec(
     title="PagedAttention y caché de prefijos",
     chapter=4,
     folder="labs/04-paged-attention",
+    ci_budget_s=60,
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo servido", choices=SERVED_MODELS),

@@ -113,6 +113,9 @@ class LabSpec:
     folder: str
     params: dict[str, Param]
     run: Callable[..., dict]
+    # Seconds the lab's notebook takes in the `ci` profile on CI's 2-core CPU (measured by the
+    # book build, `scripts/execute_book.py`); the book test fails a lab that takes twice as long.
+    ci_budget_s: float = 60.0
 
     def resolve_params(self, profile: str, given: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(given) - set(self.params))

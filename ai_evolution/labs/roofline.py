@@ -508,6 +508,7 @@ SPEC = LabSpec(
     title="Prefill y decodificación",
     chapter=1,
     folder="labs/01-prefill-decode",
+    ci_budget_s=75,
     run=run,
     params={
         "model": Param("cpu-200m", str, "modelo medido (pesos aleatorios salvo tiny-es)",

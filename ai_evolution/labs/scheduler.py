@@ -346,6 +346,7 @@ SPEC = LabSpec(
     title="El planificador",
     chapter=5,
     folder="labs/05-scheduler",
+    ci_budget_s=75,
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo servido", choices=SERVED_MODELS),

@@ -546,6 +546,7 @@ SPEC = LabSpec(
     title="Decodificación especulativa",
     chapter=9,
     folder="labs/09-speculative",
+    ci_budget_s=50,
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo objetivo", choices=("tiny-es",)),

@@ -1,0 +1,185 @@
+"""Execute the book's notebook pages in parallel into the build's execution cache.
+
+`jupyter-book build` (myst-nb, ``execute_notebooks: cache``) executes each notebook page when
+Sphinx reads it, one page at a time, while the second core waits. This script fills the same
+jupyter-cache first, ``--jobs`` pages at a time (one torch thread each, longest first), so the
+build that follows finds every page cached and executes nothing twice: each page still runs
+exactly once per build. A page that fails is not cached; the script says which and exits 1 (the
+build would re-execute it and fail with myst-nb's message).
+
+It writes ``<out>/_build/execution_times.json``: the wall time of every page it executed, the
+lab kind of each lab page, and the total wall time (`tests/test_book.py` holds each lab to its
+``ci`` budget).
+
+    python scripts/execute_book.py [--path-output OUT] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMES_FILE = "execution_times.json"
+
+
+def toc_files(node) -> list[str]:
+    """Every ``root:`` and ``file:`` entry of a parsed ``_toc.yml``, in book order."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        for key in ("root", "file"):
+            if isinstance(node.get(key), str):
+                found.append(node[key])
+        for value in node.values():
+            if isinstance(value, (list, dict)):
+                found.extend(toc_files(value))
+    elif isinstance(node, list):
+        for item in node:
+            found.extend(toc_files(item))
+    return found
+
+
+def toc_documents(root: Path = ROOT) -> list[str]:
+    """Every document of the book (``_toc.yml``), without extension, root first."""
+    return toc_files(yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8")))
+
+
+def _md_config(root: Path):
+    from myst_parser.config.main import MdParserConfig
+
+    config = yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8"))
+    extensions = config.get("parse", {}).get("myst_enable_extensions", [])
+    return MdParserConfig(enable_extensions=set(extensions))
+
+
+def notebook_pages(root: Path = ROOT) -> list[tuple[Path, object]]:
+    """The pages myst-nb executes (MyST text notebooks with code cells), read the way the build
+    reads them, so that their cache keys match."""
+    from myst_nb.core.read import is_myst_markdown_notebook, read_myst_markdown_notebook
+
+    md_config = _md_config(root)
+    pages = []
+    for doc in toc_documents(root):
+        path = root / f"{doc}.md"
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8")
+        if not is_myst_markdown_notebook(text):
+            continue
+        nb = read_myst_markdown_notebook(text, config=md_config, add_source_map=True, path=str(path))
+        if any(cell.cell_type == "code" for cell in nb.cells):
+            pages.append((path, nb))
+    return pages
+
+
+def lab_kinds() -> dict[str, str]:
+    """The lab kind of each lab page (``labs/NN-name/notebook_solution.md``), from the registry."""
+    from ai_evolution.labs import get_spec, list_labs
+
+    return {f"{get_spec(kind).folder}/notebook_solution.md": kind for kind in list_labs()}
+
+
+def expected_seconds(kind: str | None) -> float:
+    """The page's ``ci`` budget (longest first packs two workers best); 0 for a chapter."""
+    if kind is None:
+        return 0.0
+    from ai_evolution.labs import get_spec
+
+    return get_spec(kind).ci_budget_s
+
+
+def _execute(path: str, nb_json: str, timeout: int) -> tuple[str, str, float, str | None]:
+    """Worker: execute one notebook in its own folder; returns it as JSON."""
+    import nbformat
+    from jupyter_cache.executors.utils import single_nb_execution
+
+    nb = nbformat.reads(nb_json, as_version=4)
+    result = single_nb_execution(nb, cwd=str(Path(path).parent), timeout=timeout,
+                                 allow_errors=False, meta_override=True)
+    return path, nbformat.writes(result.nb), result.time, result.exc_string
+
+
+def execute_book(out: Path, jobs: int = 2, root: Path = ROOT, timeout: int = 600,
+                 log=print) -> dict:
+    """Execute every notebook page not already in ``out/_build/.jupyter_cache`` and cache it.
+    Returns the report written to ``out/_build/execution_times.json``."""
+    import nbformat
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    build = out / "_build"
+    build.mkdir(parents=True, exist_ok=True)
+    cache = get_cache(str((build / ".jupyter_cache").resolve()))
+    todo, labs = [], lab_kinds()
+    kinds = {}
+    for path, nb in notebook_pages(root):
+        rel = str(path.relative_to(root))
+        kinds[rel] = labs.get(rel)
+        try:
+            cache.match_cache_notebook(nb)
+            log(f"en caché: {rel}")
+        except KeyError:
+            todo.append((path, nb))
+    todo.sort(key=lambda item: -expected_seconds(kinds[str(item[0].relative_to(root))]))
+    # One torch (OpenMP) thread per kernel: two kernels of two threads each on two cores spin
+    # against each other (see tests/conftest.py).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    start = time.perf_counter()
+    pages, failed = {}, {}
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(_execute, str(path), nbformat.writes(nb), timeout)
+                   for path, nb in todo]
+        for future in as_completed(futures):
+            path, nb_json, seconds, error = future.result()
+            rel = str(Path(path).relative_to(root))
+            pages[rel] = {"seconds": round(seconds, 2), "kind": kinds[rel]}
+            if error:
+                failed[rel] = error
+                log(f"FALLÓ {rel} ({seconds:.1f} s):\n{error[-3000:]}")
+                continue
+            cache.cache_notebook_bundle(
+                CacheBundleIn(nbformat.reads(nb_json, as_version=4), path,
+                              data={"execution_seconds": seconds}),
+                check_validity=False, overwrite=True)
+            log(f"ejecutado {rel}: {seconds:.1f} s")
+    report = {"jobs": jobs, "wall_s": round(time.perf_counter() - start, 2), "pages": pages,
+              "failed": sorted(failed), "cpu": cpu_model()}
+    (build / TIMES_FILE).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n",
+                                    encoding="utf-8")
+    return report
+
+
+def cpu_model() -> str:
+    """The processor's model name (Linux), for the timing report."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--path-output", type=Path, default=ROOT,
+                        help="folder holding _build (as jupyter-book's --path-output)")
+    parser.add_argument("--jobs", type=int, default=2, help="pages executed at once")
+    args = parser.parse_args(argv)
+    report = execute_book(args.path_output, args.jobs)
+    print(f"{len(report['pages'])} páginas ejecutadas en {report['wall_s']:.0f} s "
+          f"con {report['jobs']} procesos")
+    return 1 if report["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
