@@ -64,6 +64,9 @@ class SamplingParams:
     integer in [-2**63, 2**64); same seed, same tokens, whatever else shares the batch). Generation ends after
     ``max_tokens`` tokens, or at a stop token (the model's EOS and ``stop_token_ids``) unless
     ``ignore_eos`` (which ignores EOS but still honours ``stop_token_ids``).
+
+    ``stop_token_ids`` (any iterable of ids) is deduplicated once, here, into a ``frozenset``:
+    the engine tests each new token against it without rebuilding it.
     """
 
     max_tokens: int = 16
@@ -71,7 +74,7 @@ class SamplingParams:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
@@ -79,7 +82,12 @@ class SamplingParams:
         if isinstance(stops, (str, bytes)) or not hasattr(stops, "__iter__"):
             raise RequestRejected(f"stop_token_ids debe ser una lista de ids de token (vacía si no "
                                   f"hay ninguno); se recibió {_short(stops)}")
-        object.__setattr__(self, "stop_token_ids", tuple(stops))
+        if not isinstance(stops, frozenset):
+            try:
+                stops = frozenset(stops)
+            except TypeError:  # an unhashable item: kept as given, problems() names it
+                stops = tuple(stops)
+            object.__setattr__(self, "stop_token_ids", stops)
         problems = self.problems()
         if problems:
             raise RequestRejected("; ".join(problems))
@@ -185,6 +193,8 @@ class Request(TimingRecord):
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
     generator: torch.Generator | None = field(default=None, repr=False)
+    # The stop tokens (stop_token_ids, plus EOS unless ignore_eos), set by __post_init__.
+    stop_token_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -202,11 +212,12 @@ class Request(TimingRecord):
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-    def stop_ids(self) -> set[int]:
-        ids = set(self.sampling_params.stop_token_ids)
+    def __post_init__(self) -> None:
+        # Built once per request: the scheduler tests every new token against it.
+        stops = self.sampling_params.stop_token_ids
         if self.eos_token_id is not None and not self.sampling_params.ignore_eos:
-            ids.add(self.eos_token_id)
-        return ids
+            stops = stops | {self.eos_token_id}
+        self.stop_token_set = stops
 
 
 @dataclass
