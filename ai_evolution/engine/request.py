@@ -54,6 +54,14 @@ def _short(x, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def _plain_bounds(stops) -> tuple[int, int] | None:
+    """``(min, max)`` of a non-empty collection of plain ints, else None; C-level passes only
+    (``map(type)``, ``min``, ``max``), so a list as long as a vocabulary costs milliseconds."""
+    if stops and set(map(type, stops)) == {int}:
+        return min(stops), max(stops)
+    return None
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick the tokens of one request.
@@ -65,8 +73,9 @@ class SamplingParams:
     ``max_tokens`` tokens, or at a stop token (the model's EOS and ``stop_token_ids``) unless
     ``ignore_eos`` (which ignores EOS but still honours ``stop_token_ids``).
 
-    ``stop_token_ids`` (any iterable of ids) is deduplicated once, here, into a ``frozenset``:
-    the engine tests each new token against it without rebuilding it.
+    ``stop_token_ids`` (any iterable of ids) is deduplicated once, here, into a ``frozenset``
+    whose bounds are kept: checking it against a vocabulary later costs nothing, and the engine
+    tests each new token against it without rebuilding it.
     """
 
     max_tokens: int = 16
@@ -76,6 +85,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    _stop_bounds: tuple[int, int] | None = field(default=None, init=False, repr=False,
+                                                 compare=False)
 
     def __post_init__(self) -> None:
         stops = self.stop_token_ids
@@ -88,6 +99,7 @@ class SamplingParams:
             except TypeError:  # an unhashable item: kept as given, problems() names it
                 stops = tuple(stops)
             object.__setattr__(self, "stop_token_ids", stops)
+        object.__setattr__(self, "_stop_bounds", _plain_bounds(stops))
         problems = self.problems()
         if problems:
             raise RequestRejected("; ".join(problems))
@@ -113,8 +125,13 @@ class SamplingParams:
         if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
             out.append(f"seed debe ser un entero entre -2**63 y 2**64 - 1, o None; se recibió "
                        f"{_short(self.seed)}")
-        bad = [t for t in self.stop_token_ids
-               if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size)]
+        bounds = self._stop_bounds
+        if not self.stop_token_ids or (bounds is not None and bounds[0] >= 0 and (
+                vocab_size is None or bounds[1] < vocab_size)):
+            bad = []  # decided from the bounds computed once, at construction
+        else:
+            bad = [t for t in self.stop_token_ids
+                   if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size)]
         if bad:
             accepted = ">= 0" if vocab_size is None else f"0..{vocab_size - 1}"
             listed = ", ".join(_short(t) for t in bad[:MAX_LISTED])

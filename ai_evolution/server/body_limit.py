@@ -2,12 +2,17 @@
 
 ``Content-Length`` alone cannot bound a body: a ``Transfer-Encoding: chunked`` request has none,
 and the framework would read it whole before parsing it. ``BodyLimit`` is a plain ASGI
-middleware that wraps ``receive``: a declared length over the cap is answered 413 at once,
-without reading anything; otherwise every ``http.request`` message adds its bytes to a counter
-and the first one past the cap raises ``BodyTooLarge`` (a 413 ``HTTPException``, which FastAPI
-passes through its body reading to the app's error handlers). The response says
-``Connection: close``, so the server stops reading the rest of the body: at most the cap plus
-one chunk is ever held in memory.
+middleware that wraps ``receive``:
+
+- a declared ``Content-Length`` over the cap is answered 413 at once, before the app runs; the
+  connection stays open and uvicorn discards the declared (finite) rest as it arrives, so an
+  ordinary client that is still sending its body reads the 413 instead of a reset;
+- otherwise every ``http.request`` message adds its bytes to a counter, and the first one past the
+  cap raises ``BodyTooLarge`` (a 413 ``HTTPException``, which FastAPI passes through its body
+  reading to the app's error handlers). That can only be a body without a declared length, which
+  could go on for ever: its answer says ``Connection: close`` and the server stops reading it.
+
+Either way at most the cap plus one chunk is ever held in memory.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ class BodyLimit:
             if self.on_reject is not None:
                 self.on_reject(scope.get("path", ""))
             response = JSONResponse(error_body(too_large_message(self.max_bytes, length)),
-                                    status_code=413, headers=CLOSE)
+                                    status_code=413)
             await response(scope, receive, send)
             return
         seen = 0
