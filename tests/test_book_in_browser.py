@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import re
 import shutil
 import sys
 import tempfile
@@ -206,6 +207,9 @@ PAGE_URLS = r"""
 """
 
 
+_REFRESH = re.compile(r'<meta http-equiv="Refresh" content="0; url=([^"]+)"', re.IGNORECASE)
+
+
 class _Recorder(http.server.SimpleHTTPRequestHandler):
     """Serves the site folder; records (path, status) of every request it answers."""
 
@@ -246,33 +250,37 @@ def sub_path_problems(html: Path, executable: str) -> list[str]:
     pages = [p.relative_to(html).as_posix() for p in sorted(html.rglob("*.html"))
              if not p.relative_to(html).parts[0].startswith("_")]
     problems = []
+
+    def check_url(page: str, url: str) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme == "file":
+            problems.append(f"{page}: enlace a un archivo local: {url}")
+        if parsed.netloc != urllib.parse.urlsplit(base).netloc:
+            return
+        if not parsed.path.startswith(SUB_PATH):
+            problems.append(f"{page}: enlace fuera de {SUB_PATH}: {parsed.path}")
+            return
+        target = html / urllib.parse.unquote(parsed.path[len(SUB_PATH):])
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            problems.append(f"{page}: enlace a un archivo que no existe: {parsed.path}")
+
     try:
         with Chromium(executable) as browser:
             for page in pages:
+                redirect = _REFRESH.search((html / page).read_text(encoding="utf-8"))
+                if redirect:  # a bare redirect (Jupyter Book's index.html): its target is a page
+                    check_url(page, urllib.parse.urljoin(base + page, redirect[1]))
+                    continue
                 browser.open(base + page)
                 for url in browser.evaluate(PAGE_URLS):
-                    parsed = urllib.parse.urlsplit(url)
-                    if parsed.scheme == "file":
-                        problems.append(f"{page}: enlace a un archivo local: {url}")
-                    if parsed.netloc != urllib.parse.urlsplit(base).netloc:
-                        continue
-                    if not parsed.path.startswith(SUB_PATH):
-                        problems.append(f"{page}: enlace fuera de {SUB_PATH}: {parsed.path}")
-                        continue
-                    target = html / urllib.parse.unquote(parsed.path[len(SUB_PATH):])
-                    if target.is_dir():
-                        target = target / "index.html"
-                    if not target.is_file():
-                        problems.append(f"{page}: enlace a un archivo que no existe: {parsed.path}")
+                    check_url(page, url)
     finally:
         server.shutdown()
         server.server_close()
         shutil.rmtree(site)
     for path, status in _Recorder.requests:
-        if path == "/favicon.ico":
-            # the browser's own probe on a page that names no icon (Jupyter Book's index.html is
-            # a bare redirect); every other page links the book's icon, a link checked above
-            continue
         if not path.startswith(SUB_PATH):
             problems.append(f"petición fuera de {SUB_PATH}: {path} ({status})")
         elif status >= 400:
@@ -291,7 +299,8 @@ def test_the_book_works_served_from_a_sub_path(built_book):
     assert not problems, "the book served from a sub-path:\n" + "\n".join(problems[:40])
 
 
-_SITE_PAGE = """<html><head><link rel="stylesheet" href="file:///work/estilo.css"></head><body>
+_SITE_PAGE = """<html><head><link rel="stylesheet" href="file:///work/estilo.css">
+<link rel="icon" href="data:,"></head><body>
 <a href="otra.html">bien</a> <a href="/raiz.html">fuera</a> <a href="no-existe.html">roto</a>
 <img src="falta.png"> <img src="/imagen.png"></body></html>"""
 
@@ -301,7 +310,10 @@ def test_the_sub_path_checker_sees_each_kind_of_problem(tmp_path):
     html = tmp_path / "html"
     html.mkdir()
     (html / "index.html").write_text(_SITE_PAGE, encoding="utf-8")
-    (html / "otra.html").write_text("<html><body>otra</body></html>", encoding="utf-8")
+    (html / "otra.html").write_text('<html><head><link rel="icon" href="data:,"></head><body>otra'
+                                    "</body></html>", encoding="utf-8")
+    (html / "salto.html").write_text('<meta http-equiv="Refresh" content="0; url=/fuera.html" />',
+                                     encoding="utf-8")
     assert local_paths(html, ()) == {"index.html": ["/work/", "file://"]}
     text = "\n".join(sub_path_problems(html, _chromium()))
     assert "index.html: enlace a un archivo local: file:///work/estilo.css" in text
@@ -309,5 +321,5 @@ def test_the_sub_path_checker_sees_each_kind_of_problem(tmp_path):
     assert "enlace a un archivo que no existe: /curso/2027/no-existe.html" in text
     assert "petición sin respuesta: /curso/2027/falta.png (404)" in text
     assert "petición fuera de /curso/2027/: /imagen.png (404)" in text
-    assert "favicon" not in text  # the browser's own probe is not the site's request
+    assert "salto.html: enlace fuera de /curso/2027/: /fuera.html" in text
     assert "otra.html" not in text.replace("index.html", "")
