@@ -10,7 +10,7 @@ BOOK_PROFILE ?= ci
 BOOK_JOBS ?= 2
 
 .DEFAULT_GOAL := book
-.PHONY: book test check student sync outputs clean venv
+.PHONY: book test check student sync outputs release clean venv
 
 venv: $(VENV)/.installed
 
@@ -40,8 +40,17 @@ test: $(VENV)/.installed
 check: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m "not slow" -n 2 --durations=10
 
+# Student notebooks, and every lab's install cell (git+URL@VERSION of _config.yml's repository
+# section; also written into the paired solution .ipynb).
 student: $(VENV)/.installed
 	$(BIN)/python scripts/make_student.py
+
+# A pinned term (book/instructor-guide.md): `make release VERSION=2027.1` checks the tree is
+# clean, runs RELEASE_TEST (the whole suite), writes the version into the package, _config.yml
+# and the notebooks, commits and tags v2027.1 (nothing is pushed). scripts/release.py says how.
+RELEASE_TEST ?= $(MAKE) test
+release: $(VENV)/.installed
+	$(BIN)/python scripts/release.py "$(VERSION)" --test "$(RELEASE_TEST)"
 
 # One-way update: the MyST .md is the source, the paired .ipynb follows it (keeps cell ids).
 sync: $(VENV)/.installed

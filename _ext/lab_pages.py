@@ -11,8 +11,8 @@ that has one, this extension
   (estudiante)".
 
 Both links are built from the same settings as the theme's Colab button (``repository.url``,
-``repository.branch``, ``repository.path_to_book`` and ``launch_buttons.colab_url`` of
-``_config.yml``). The extension also adds ``static/book.css`` (wide math and code scroll inside
+``repository.branch`` (the course version, see ``_ext/course.py``), ``repository.path_to_book``
+and ``launch_buttons.colab_url`` of ``_config.yml``). The extension also adds ``static/book.css`` (wide math and code scroll inside
 their own box instead of overflowing the page's column).
 """
 

@@ -12,8 +12,11 @@ is replaced in the student notebook by ``raise NotImplementedError("<hint>")`` a
 indentation; cells holding such a region are tagged ``exercise``. Outputs are cleared and the
 jupytext pairing is dropped, so the student notebook is a plain .ipynb.
 
-The Colab install cell (the line holding ``INSTALL_MARKER``) gets the repository URL from
-``_config.yml`` (``repository.url``), the one place where the URL lives.
+The Colab install cell (the line holding ``INSTALL_MARKER``) gets ``git+URL@VERSION`` from
+``_config.yml`` (``repository.url`` and ``repository.version``, read and checked by
+``_ext/course.py``), in the solution source and in the student notebook alike; a bad value stops
+the script with a Spanish message. The paired ``notebook_solution.ipynb`` follows the source
+(``make sync``, which ``make student`` runs after this script).
 
     python scripts/make_student.py            # write every lab's student notebook
     python scripts/make_student.py --check    # exit 1 if a committed notebook is out of date
@@ -23,14 +26,17 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import jupytext
 import nbformat
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "_ext"))
+from course import CourseSettingError, read_course  # noqa: E402
+
 BEGIN, END, HINT = "# BEGIN SOLUTION", "# END SOLUTION", "# PISTA:"
 INSTALL_MARKER = "# colab-install"
 # How the book shows a cell (myst-nb); the student notebook shows every cell whole.
@@ -44,12 +50,17 @@ class SolutionMarkupError(ValueError):
 
 
 def repository_url(root: Path = ROOT) -> str:
-    config = yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8"))
-    return config["repository"]["url"].rstrip("/")
+    return read_course(root).repository_url
+
+
+def install_requirement(root: Path = ROOT) -> str:
+    """``URL@VERSION`` of ``_config.yml``: what the install line installs (after ``git+``)."""
+    course = read_course(root)
+    return f"{course.repository_url}@{course.version}"
 
 
 def install_source(source: str, url: str) -> str:
-    """Point the Colab install line at ``url``."""
+    """Point the Colab install line at ``url`` (a repository URL, ``@VERSION`` included)."""
     return _INSTALL_LINE.sub(lambda m: f"{m.group(1)}git+{url}{m.group(2)}", source)
 
 
@@ -110,6 +121,15 @@ def sync_solution_install(solution_md: Path, url: str) -> bool:
     return new != text
 
 
+def sync_pairs(solutions: list[Path]) -> None:
+    """Carry the sources' changes into their paired .ipynb (what Colab opens as the solved
+    notebook), as `make sync` does: jupytext keeps the pair's cell ids and outputs."""
+    paired = [str(md) for md in solutions if md.with_suffix(".ipynb").exists()]
+    if paired:
+        subprocess.run([sys.executable, "-m", "jupytext", "--quiet", "--to", "ipynb", "--update",
+                        *paired], check=True)
+
+
 def student_path(solution_md: Path) -> Path:
     return solution_md.with_name("notebook_student.ipynb")
 
@@ -119,16 +139,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="do not write; exit 1 if a student notebook or install URL is stale")
     parser.add_argument("labs", nargs="*", type=Path, help="solution .md files (default: all labs)")
+    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    url = repository_url()
-    sources = [p.resolve() for p in args.labs] or sorted((ROOT / "labs").glob("*/notebook_solution.md"))
-    stale = []
+    root = args.root.resolve()
+    try:
+        url = install_requirement(root)
+    except CourseSettingError as err:
+        print(f"make student: {err}", file=sys.stderr)
+        return 2
+    sources = [p.resolve() for p in args.labs] or sorted((root / "labs").glob("*/notebook_solution.md"))
+    stale, changed = [], []
     for md in sources:
         if args.check:
             if install_source(md.read_text(encoding="utf-8"), url) != md.read_text(encoding="utf-8"):
-                stale.append(f"{md}: the Colab install URL differs from _config.yml")
-        else:
-            sync_solution_install(md, url)
+                stale.append(f"{md}: the Colab install line is not git+{url} (_config.yml)")
+        elif sync_solution_install(md, url):
+            changed.append(md)
         expected = nbformat.writes(make_student(md, url)) + "\n"
         target = student_path(md)
         current = target.read_text(encoding="utf-8") if target.exists() else None
@@ -137,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 stale.append(f"{target} is out of date: run `make student`")
             else:
                 target.write_text(expected, encoding="utf-8")
-                print(f"wrote {target.relative_to(ROOT)}")
+                print(f"wrote {target.relative_to(root)}")
+    sync_pairs(changed)
     for line in stale:
         print(line, file=sys.stderr)
     return 1 if stale else 0

@@ -145,7 +145,9 @@ SLOW_MODULES = {"test_book.py", "test_grading.py", "test_grading_adversarial.py"
 # waiting for the build).
 FIRST_MODULES = ("test_book.py", "test_grading_adversarial.py")
 BOOK_READERS = {"test_solution_runs_under_ci_and_its_checked_outputs_are_reproducible",
-                "test_every_page_renders_without_overflow_missing_images_or_raw_math"}
+                "test_every_page_renders_without_overflow_missing_images_or_raw_math",
+                "test_every_built_page_shows_version_build_date_and_licences",
+                "test_the_book_works_served_from_a_sub_path"}
 
 
 def _parts(nodeid: str) -> tuple[str, str]:

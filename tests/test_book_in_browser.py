@@ -9,12 +9,25 @@ Every page of the table of contents is opened in Chromium (``tests/browser.py``)
 - no missing image (an ``<img>`` whose ``naturalWidth`` is 0);
 - no math left as raw TeX (``$…$``, ``\\(…\\)``, ``\\[…\\]``) and no MathJax error.
 
+The same book, served over HTTP from a sub-path (``/curso/2027/``, as GitHub Pages serves a
+project site), must work there: every page loads, every request it makes stays under the sub-path
+and is answered, every link that stays on the site names one of its files, and no page holds an
+absolute local path (``file://``, the build's folders).
+
 The book is the one the suite builds once (``built_book``). Chromium comes from the system
 (CI: ``.ci/run`` installs Debian's ``chromium``).
 """
 
 from __future__ import annotations
 
+import functools
+import http.server
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -174,3 +187,139 @@ def test_the_checker_sees_each_kind_of_problem(tmp_path):
         assert "con su propia barra" not in text
     assert any(p.startswith("code wider than the column") for p in desktop)
     assert not any(p.startswith("code wider than the column") for p in phone)
+
+
+# --- the book served from a sub-path, as GitHub Pages serves it (https://OWNER.github.io/REPO/) ---
+SUB_PATH = "/curso/2027/"
+
+# Runs in a loaded page: waits for MathJax and the images, then lists every URL the page links
+# or loads from (links, stylesheets, scripts, images, frames).
+PAGE_URLS = r"""
+(async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  await Promise.all([...document.images].map(img => img.complete ? null : new Promise(done => {
+    img.addEventListener("load", done); img.addEventListener("error", done);
+    setTimeout(done, 5000);
+  })));
+  return [...document.querySelectorAll("a[href], link[href], script[src], img[src], iframe[src], source[src]")]
+    .map(el => el.href || el.src).filter(Boolean);
+})()
+"""
+
+
+_REFRESH = re.compile(r'<meta http-equiv="Refresh" content="0; url=([^"]+)"', re.IGNORECASE)
+
+
+class _Recorder(http.server.SimpleHTTPRequestHandler):
+    """Serves the site folder; records (path, status) of every request it answers."""
+
+    requests: list[tuple[str, int]] = []
+
+    def log_request(self, code="-", size="-") -> None:
+        self.requests.append((self.path, int(code) if str(code).isdigit() else 0))
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+
+def local_paths(html: Path, also: tuple[str, ...]) -> dict[str, list[str]]:
+    """Per page, the absolute local paths its HTML holds (``file://``, ``/work/`` and ``also``)."""
+    needles = ("file://", "/work/") + also
+    found = {}
+    for page in sorted(html.rglob("*.html")):
+        text = page.read_text(encoding="utf-8", errors="replace")
+        hits = sorted({n for n in needles if n in text})
+        if hits:
+            found[page.relative_to(html).as_posix()] = hits
+    return found
+
+
+def sub_path_problems(html: Path, executable: str) -> list[str]:
+    """Serve ``html`` at ``http://127.0.0.1:PORT/curso/2027/`` and open every page in Chromium:
+    every request the pages make must stay under the sub-path and be answered, and every link
+    that stays on the site must name a file of the site."""
+    site = Path(tempfile.mkdtemp(prefix="sitio-"))
+    (site / SUB_PATH.strip("/")).parent.mkdir(parents=True)
+    (site / SUB_PATH.strip("/")).symlink_to(html.resolve(), target_is_directory=True)
+    handler = functools.partial(_Recorder, directory=str(site))
+    _Recorder.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}{SUB_PATH}"
+    pages = [p.relative_to(html).as_posix() for p in sorted(html.rglob("*.html"))
+             if not p.relative_to(html).parts[0].startswith("_")]
+    problems = []
+
+    def check_url(page: str, url: str) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme == "file":
+            problems.append(f"{page}: enlace a un archivo local: {url}")
+        if parsed.netloc != urllib.parse.urlsplit(base).netloc:
+            return
+        if not parsed.path.startswith(SUB_PATH):
+            problems.append(f"{page}: enlace fuera de {SUB_PATH}: {parsed.path}")
+            return
+        target = html / urllib.parse.unquote(parsed.path[len(SUB_PATH):])
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            problems.append(f"{page}: enlace a un archivo que no existe: {parsed.path}")
+
+    try:
+        with Chromium(executable) as browser:
+            for page in pages:
+                redirect = _REFRESH.search((html / page).read_text(encoding="utf-8"))
+                if redirect:  # a bare redirect (Jupyter Book's index.html): its target is a page
+                    check_url(page, urllib.parse.urljoin(base + page, redirect[1]))
+                    continue
+                browser.open(base + page)
+                for url in browser.evaluate(PAGE_URLS):
+                    check_url(page, url)
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(site)
+    for path, status in _Recorder.requests:
+        if not path.startswith(SUB_PATH):
+            problems.append(f"petición fuera de {SUB_PATH}: {path} ({status})")
+        elif status >= 400:
+            problems.append(f"petición sin respuesta: {path} ({status})")
+    assert len({p for p, _ in _Recorder.requests}) > len(pages), "the pages loaded nothing"
+    return problems
+
+
+def test_the_book_works_served_from_a_sub_path(built_book):
+    executable = _chromium()
+    assert built_book["returncode"] == 0, built_book["log"]
+    html = built_book["html"]
+    leaks = local_paths(html, (str(ROOT), str(built_book["out"]), sys.prefix))
+    assert not leaks, f"absolute local paths in the built HTML: {leaks}"
+    problems = sub_path_problems(html, executable)
+    assert not problems, "the book served from a sub-path:\n" + "\n".join(problems[:40])
+
+
+_SITE_PAGE = """<html><head><link rel="stylesheet" href="file:///work/estilo.css">
+<link rel="icon" href="data:,"></head><body>
+<a href="otra.html">bien</a> <a href="/raiz.html">fuera</a> <a href="no-existe.html">roto</a>
+<img src="falta.png"> <img src="/imagen.png"></body></html>"""
+
+
+@pytest.mark.slow
+def test_the_sub_path_checker_sees_each_kind_of_problem(tmp_path):
+    html = tmp_path / "html"
+    html.mkdir()
+    (html / "index.html").write_text(_SITE_PAGE, encoding="utf-8")
+    (html / "otra.html").write_text('<html><head><link rel="icon" href="data:,"></head><body>otra'
+                                    "</body></html>", encoding="utf-8")
+    (html / "salto.html").write_text('<meta http-equiv="Refresh" content="0; url=/fuera.html" />',
+                                     encoding="utf-8")
+    assert local_paths(html, ()) == {"index.html": ["/work/", "file://"]}
+    text = "\n".join(sub_path_problems(html, _chromium()))
+    assert "index.html: enlace a un archivo local: file:///work/estilo.css" in text
+    assert "index.html: enlace fuera de /curso/2027/: /raiz.html" in text
+    assert "enlace a un archivo que no existe: /curso/2027/no-existe.html" in text
+    assert "petición sin respuesta: /curso/2027/falta.png (404)" in text
+    assert "petición fuera de /curso/2027/: /imagen.png (404)" in text
+    assert "salto.html: enlace fuera de /curso/2027/: /fuera.html" in text
+    assert "otra.html" not in text.replace("index.html", "")

@@ -67,6 +67,34 @@ def test_out_of_range_sampling_params_are_rejected_in_spanish(params, words):
         SamplingParams(**params)
 
 
+class CountingStops(frozenset):
+    """A stop set that counts the membership tests made against it."""
+    tests = 0
+
+    def __contains__(self, token) -> bool:
+        type(self).tests += 1
+        return super().__contains__(token)
+
+
+def test_stop_tokens_are_deduplicated_once_and_never_rebuilt_per_token(tiny):
+    params = SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=[9] * 50_000 + [11, 9])
+    assert params.stop_token_ids == frozenset({9, 11})
+    engine = build_engine(tiny, max_num_seqs=2, max_model_len=64)
+    greedy = engine.run([(0.0, [5, 6], SamplingParams(max_tokens=8, ignore_eos=True))])[0] \
+        .output_token_ids
+    k = next(i for i, t in enumerate(greedy) if i >= 2 and t not in greedy[:i])
+    engine = build_engine(tiny, max_num_seqs=2, max_model_len=64)
+    req = engine.add_request([5, 6], params)
+    assert req.stop_token_set == frozenset({9, 11})
+    # the scheduler must test each new token against the request's set, built once: swap in a
+    # set that counts, and stops at a greedy token past the second
+    req.stop_token_set = CountingStops({greedy[k]})
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert req.output_token_ids == greedy[:k + 1] and req.finish_reason is FinishReason.STOP
+    assert CountingStops.tests == k + 1  # once per token, on the set built at add_request
+
+
 def test_an_error_message_stays_small_whatever_came_in(tiny):
     engine = build_engine(tiny, max_num_seqs=2, max_model_len=64)
     with pytest.raises(RequestRejected) as err:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import random
+import select
 import signal
 import socket
 import subprocess
@@ -317,12 +319,91 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(http, path, body, 
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] >= 1
 
 
-def test_error_bodies_stay_small_and_huge_bodies_are_refused_unread(http):
+def test_error_bodies_stay_small_and_huge_bodies_are_refused_unread(http, tok):
+    resp = http.post(C, json={**OK, "stop_token_ids": list(range(100_000, 104_000))})
+    err = assert_openai_error(resp, 400, "stop_token_ids")
+    assert "4000 valor" in err["message"] and len(resp.content) < 2000
     resp = http.post(C, json={**OK, "stop_token_ids": list(range(100_000, 200_000))})
     err = assert_openai_error(resp, 400, "stop_token_ids")
-    assert "100000 valor" in err["message"] and len(resp.content) < 2000
+    assert "100000 elementos" in err["message"] and len(resp.content) < 2000
     resp = http.post(C, json={**OK, "prompt": "z" * 5_000_000})
     assert resp.status_code == 413 and "máximo" in resp.json()["error"]["message"]
+    assert http.post(C, json=OK).status_code == 200
+
+
+def test_stop_token_ids_are_capped_at_the_vocabulary_and_deduplicated(server, http, tok):
+    vocab_size = server.app.state.server.vocab_size
+    assert vocab_size == tok.vocab_size
+    err = assert_openai_error(http.post(C, json={**OK, "stop_token_ids": [5] * (vocab_size + 1)}),
+                              400, "stop_token_ids")
+    assert f"{vocab_size + 1} elementos" in err["message"] and str(vocab_size) in err["message"]
+    # at the cap, repeated ids are one stop token: the answer is the one a single id gets
+    one = http.post(C, json={**OK, "max_tokens": 6, "temperature": 0, "stop_token_ids": [3]})
+    many = http.post(C, json={**OK, "max_tokens": 6, "temperature": 0,
+                              "stop_token_ids": [3] * vocab_size})
+    assert one.status_code == many.status_code == 200, many.text
+    assert many.json()["choices"] == one.json()["choices"]
+
+
+def _raw_post(base_url: str, head: str, chunks, timeout_s: float = 20.0):
+    """Send ``head`` and then each of ``chunks`` on one socket, stopping as soon as the server
+    answers. Returns ``(status, json body, body bytes sent, response head)``."""
+    host, port = base_url.removeprefix("http://").split(":")
+    sent, answer = 0, b""
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        sock.sendall(head.encode())
+        deadline = time.monotonic() + timeout_s
+        for chunk in chunks:
+            assert time.monotonic() < deadline, f"sin respuesta tras enviar {sent} bytes"
+            if select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+        while b"\r\n\r\n" not in answer or len(answer) < answer.index(b"\r\n\r\n") + 4 + \
+                int(answer.lower().split(b"content-length: ")[1].split(b"\r\n")[0]):
+            data = sock.recv(65536)
+            if not data:
+                break
+            answer += data
+    head_bytes, _, body = answer.partition(b"\r\n\r\n")
+    return int(head_bytes.split()[1]), json.loads(body), sent, head_bytes.decode()
+
+
+def test_chunked_body_over_the_cap_is_refused_as_it_arrives(server, http):
+    cap = 4 * 2**20
+    piece = b"[" + b"1," * 32_000 + b"1]"  # ~64 KiB of data per chunk
+    chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    head = (f"POST {C} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n")
+    start = time.monotonic()
+    status, body, sent, head_text = _raw_post(server.base_url, head,
+                                              (chunk for _ in range(48 * 2**20 // len(chunk))))
+    assert status == 413 and "máximo es 4194304" in body["error"]["message"], body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert "connection: close" in head_text.lower()
+    # refused once the cap was crossed, not after reading all 48 MiB
+    assert cap < sent < cap + 8 * 2**20 and time.monotonic() - start < 20
+    # a declared Content-Length over the cap is refused before a byte of body is read
+    status, body, _, _ = _raw_post(server.base_url, head.replace(
+        "Transfer-Encoding: chunked", f"Content-Length: {cap + 1}"), [])
+    assert status == 413 and "máximo" in body["error"]["message"]
+    assert http.post(C, json=OK).status_code == 200
+
+
+@pytest.mark.parametrize("body,words", [
+    (b'{"model": "tiny-es", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "anida"),
+    (b'{"model": "tiny-es", "prompt": "caf\xe9", "max_tokens": 2}', "no es UTF-8 válido (byte 0xe9"),
+    (b'{"model": "tiny-es", "prompt": "a",}', "se esperaba un nombre de campo"),
+    (b'{"model": "tiny-es"} x', "sobra texto"),
+], ids=["deep-nesting", "invalid-utf8", "trailing-comma", "extra-data"])
+def test_body_parsing_errors_are_spanish_in_the_servers_error_shape(http, body, words):
+    resp = http.post(C, content=body, headers={"content-type": "application/json"})
+    err = assert_openai_error(resp, 400)
+    assert words in err["message"] and "application/json" in err["message"], err["message"]
+    assert "There was an error" not in resp.text and err["type"] == "invalid_request_error"
     assert http.post(C, json=OK).status_code == 200
 
 
@@ -334,6 +415,7 @@ def test_poison_requests_fail_alone_while_eight_streams_run(server, client, http
         ({**OK, "seed": 2**64}, 400),
         ({**OK, "prompt": "x" * 2_000_000}, 400),
         ({**OK, "stop_token_ids": list(range(100_000, 200_000))}, 400),
+        ({**OK, "stop_token_ids": list(range(100_000, 104_000))}, 400),
         ({**OK, "temperature": 1e-39, "max_tokens": 8}, 200),
         ({**OK, "temperature": 0.7, "top_p": 1e-46, "seed": 1, "max_tokens": 8}, 200),
         ({**OK, "prompt": [marker, 20, 30, 40], "max_tokens": 8}, 500),  # fails inside a step

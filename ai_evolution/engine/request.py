@@ -54,6 +54,14 @@ def _short(x, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def _plain_bounds(stops) -> tuple[int, int] | None:
+    """``(min, max)`` of a non-empty collection of plain ints, else None; C-level passes only
+    (``map(type)``, ``min``, ``max``), so a list as long as a vocabulary costs milliseconds."""
+    if stops and set(map(type, stops)) == {int}:
+        return min(stops), max(stops)
+    return None
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick the tokens of one request.
@@ -64,6 +72,10 @@ class SamplingParams:
     integer in [-2**63, 2**64); same seed, same tokens, whatever else shares the batch). Generation ends after
     ``max_tokens`` tokens, or at a stop token (the model's EOS and ``stop_token_ids``) unless
     ``ignore_eos`` (which ignores EOS but still honours ``stop_token_ids``).
+
+    ``stop_token_ids`` (any iterable of ids) is deduplicated once, here, into a ``frozenset``
+    whose bounds are kept: checking it against a vocabulary later costs nothing, and the engine
+    tests each new token against it without rebuilding it.
     """
 
     max_tokens: int = 16
@@ -71,15 +83,23 @@ class SamplingParams:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    _stop_bounds: tuple[int, int] | None = field(default=None, init=False, repr=False,
+                                                 compare=False)
 
     def __post_init__(self) -> None:
         stops = self.stop_token_ids
         if isinstance(stops, (str, bytes)) or not hasattr(stops, "__iter__"):
             raise RequestRejected(f"stop_token_ids debe ser una lista de ids de token (vacía si no "
                                   f"hay ninguno); se recibió {_short(stops)}")
-        object.__setattr__(self, "stop_token_ids", tuple(stops))
+        if not isinstance(stops, frozenset):
+            try:
+                stops = frozenset(stops)
+            except TypeError:  # an unhashable item: kept as given, problems() names it
+                stops = tuple(stops)
+            object.__setattr__(self, "stop_token_ids", stops)
+        object.__setattr__(self, "_stop_bounds", _plain_bounds(stops))
         problems = self.problems()
         if problems:
             raise RequestRejected("; ".join(problems))
@@ -105,8 +125,13 @@ class SamplingParams:
         if self.seed is not None and (not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
             out.append(f"seed debe ser un entero entre -2**63 y 2**64 - 1, o None; se recibió "
                        f"{_short(self.seed)}")
-        bad = [t for t in self.stop_token_ids
-               if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size)]
+        bounds = self._stop_bounds
+        if not self.stop_token_ids or (bounds is not None and bounds[0] >= 0 and (
+                vocab_size is None or bounds[1] < vocab_size)):
+            bad = []  # decided from the bounds computed once, at construction
+        else:
+            bad = [t for t in self.stop_token_ids
+                   if not _is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size)]
         if bad:
             accepted = ">= 0" if vocab_size is None else f"0..{vocab_size - 1}"
             listed = ", ".join(_short(t) for t in bad[:MAX_LISTED])
@@ -185,6 +210,8 @@ class Request(TimingRecord):
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
     generator: torch.Generator | None = field(default=None, repr=False)
+    # The stop tokens (stop_token_ids, plus EOS unless ignore_eos), set by __post_init__.
+    stop_token_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -202,11 +229,12 @@ class Request(TimingRecord):
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-    def stop_ids(self) -> set[int]:
-        ids = set(self.sampling_params.stop_token_ids)
+    def __post_init__(self) -> None:
+        # Built once per request: the scheduler tests every new token against it.
+        stops = self.sampling_params.stop_token_ids
         if self.eos_token_id is not None and not self.sampling_params.ignore_eos:
-            ids.add(self.eos_token_id)
-        return ids
+            stops = stops | {self.eos_token_id}
+        self.stop_token_set = stops
 
 
 @dataclass

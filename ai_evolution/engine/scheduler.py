@@ -400,7 +400,7 @@ class Scheduler:
         r.token_times.append(now)
         if r.first_token_time is None:
             r.first_token_time = now
-        if token in r.stop_ids():
+        if token in r.stop_token_set:
             self._finish(r, FinishReason.STOP, now)
         elif len(r.output_token_ids) >= r.sampling_params.max_tokens or r.num_tokens >= self.max_model_len:
             self._finish(r, FinishReason.LENGTH, now)

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.request import RequestRejected, validate_prompt
 from . import protocol as P
+from .body_limit import BodyLimit
 from .chat_template import ChatTemplateError, apply_chat_template
 from .detokenize import IncrementalDetokenizer
 from .engine_loop import EngineLoop, EngineStopped, Event, QueueFull, RequestHandle
@@ -63,7 +64,8 @@ def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
     """An app serving ``engine`` (an ``LLMEngine``) under ``model_name``. ``tokenizer`` turns
     text prompts into ids (without it only token-id prompts work, and responses carry no text).
     The engine thread starts and stops with the app (its lifespan). A body over
-    ``max_request_bytes`` is refused (413) before it is read."""
+    ``max_request_bytes`` is refused (413): at once when its ``Content-Length`` says so, else as
+    soon as that many bytes have arrived (``body_limit.BodyLimit``)."""
     state = ServerState(engine, tokenizer, model_name, max_waiting, ServerMetrics())
 
     @asynccontextmanager
@@ -78,15 +80,11 @@ def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
     app.state.server = state
     _install_error_handlers(app, state)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_request_bytes:
-            if request.url.path in GENERATION_PATHS:
-                state.metrics.outcome("rejected")
-            return JSONResponse(P.error_body(f"la petición ocupa {length} bytes; el máximo es "
-                                             f"{max_request_bytes}"), status_code=413)
-        return await call_next(request)
+    def rejected(path: str) -> None:
+        if path in GENERATION_PATHS:
+            state.metrics.outcome("rejected")
+
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes, on_reject=rejected)
 
     @app.get("/health")
     async def health():
@@ -308,15 +306,21 @@ def _install_error_handlers(app: FastAPI, state: ServerState) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException):
+        headers = getattr(err, "headers", None)
         if err.status_code == 404:
             message = f"no existe la ruta {request.url.path}; rutas: /v1/completions, " \
                       "/v1/chat/completions, /v1/models, /health, /metrics"
         elif err.status_code == 405:
             message = f"el método {request.method} no está permitido en {request.url.path}"
+        elif err.status_code == 400 and err.__cause__ is not None:
+            # FastAPI's "There was an error parsing the body": the cause says what went wrong
+            return reply(request, P.body_error(err.__cause__))
+        elif err.status_code == 413:
+            return reply(request, P.APIError(413, str(err.detail), headers=headers))
         else:
             message = str(err.detail)
         return JSONResponse(P.error_body(message, "invalid_request_error"),
-                            status_code=err.status_code, headers=getattr(err, "headers", None))
+                            status_code=err.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, err: Exception):

@@ -94,6 +94,46 @@ def _param_path(loc: tuple) -> str | None:
     return out or None
 
 
+SEND_JSON = "envía un objeto JSON en UTF-8 con Content-Type: application/json"
+
+# The messages of Python's json module (what FastAPI passes on), in Spanish.
+_JSON_SYNTAX = {
+    "Expecting value": "se esperaba un valor",
+    "Expecting property name enclosed in double quotes":
+        "se esperaba un nombre de campo entre comillas dobles",
+    "Expecting ',' delimiter": "se esperaba una coma",
+    "Expecting ':' delimiter": "se esperaban dos puntos",
+    "Extra data": "sobra texto después del JSON",
+    "Unterminated string starting at": "una cadena sin cerrar",
+    "Invalid control character at": "un carácter de control dentro de una cadena",
+    "Invalid \\escape": "una secuencia de escape no válida",
+    "Invalid \\uXXXX escape": "un escape \\uXXXX no válido",
+    "Illegal trailing comma before end of object": "una coma sobrante antes de '}'",
+    "Illegal trailing comma before end of array": "una coma sobrante antes de ']'",
+}
+
+
+def _json_syntax_es(message: str) -> str:
+    for english, spanish in _JSON_SYNTAX.items():
+        if message.startswith(english):
+            return spanish
+    return "error de sintaxis"
+
+
+def body_error(cause: BaseException) -> APIError:
+    """A body the JSON parser could not even read (FastAPI answers these in English): nested
+    deeper than the parser's recursion limit, or bytes that are not UTF-8."""
+    if isinstance(cause, RecursionError):
+        return APIError(400, "el cuerpo de la petición anida demasiados niveles de listas u "
+                             f"objetos para leerlo; {SEND_JSON} sin tanto anidamiento")
+    if isinstance(cause, UnicodeDecodeError):
+        byte = cause.object[cause.start:cause.start + 1].hex() if cause.object else "?"
+        return APIError(400, f"el cuerpo de la petición no es UTF-8 válido (byte 0x{byte} en la "
+                             f"posición {cause.start}); {SEND_JSON}")
+    return APIError(400, f"no se pudo leer el cuerpo de la petición ({type(cause).__name__}); "
+                         f"{SEND_JSON}")
+
+
 def validation_error(errors: list[dict]) -> APIError:
     """The first of pydantic's (or FastAPI's) validation errors, as a Spanish 400."""
     if not errors:
@@ -103,9 +143,10 @@ def validation_error(errors: list[dict]) -> APIError:
     param = _param_path(loc)
     got = err.get("input")
     if kind == "json_invalid":
-        detail = (err.get("ctx") or {}).get("error", "")
-        return APIError(400, f"el cuerpo de la petición no es JSON válido ({detail}); envía un "
-                             "objeto JSON con Content-Type: application/json")
+        detail = _json_syntax_es((err.get("ctx") or {}).get("error", ""))
+        where = f" en la posición {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
+        return APIError(400, f"el cuerpo de la petición no es JSON válido ({detail}{where}); "
+                             f"{SEND_JSON}")
     if param is None:
         return APIError(400, "el cuerpo de la petición debe ser un objeto JSON (por ejemplo "
                              '{"model": "...", "prompt": "..."}); se recibió '
@@ -233,7 +274,9 @@ def to_sampling_params(req: _GenerationRequest, prompt_len: int, max_model_len: 
 
     ``default_max_tokens=None`` means "as many as fit": ``max_model_len - prompt_len`` (the chat
     default). A request whose prompt plus ``max_tokens`` exceeds ``max_model_len`` is refused,
-    as OpenAI and vLLM do, rather than silently cut.
+    as OpenAI and vLLM do, rather than silently cut. ``stop_token_ids`` is capped at the
+    vocabulary size (its length checked before any scan) and deduplicated once, by
+    ``SamplingParams``, into the set the engine consults for every token.
     """
     check_unsupported(req)
     max_tokens = req.max_tokens
@@ -245,10 +288,14 @@ def to_sampling_params(req: _GenerationRequest, prompt_len: int, max_model_len: 
     top_p = None if req.top_p is None or req.top_p == 1.0 else req.top_p
     top_k = None if req.top_k in (None, 0, -1) else req.top_k
     temperature = 1.0 if req.temperature is None else req.temperature
+    stops = req.stop_token_ids or ()
+    if len(stops) > vocab_size:  # checked before any scan of the list
+        raise APIError(400, f"stop_token_ids tiene {len(stops)} elementos y admite como mucho "
+                            f"{vocab_size} (el tamaño del vocabulario: más serían repetidos)",
+                       param="stop_token_ids")
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                                top_p=top_p, seed=req.seed,
-                                stop_token_ids=tuple(req.stop_token_ids or ()),
+                                top_p=top_p, seed=req.seed, stop_token_ids=stops,
                                 ignore_eos=req.ignore_eos)
         problems = params.problems(vocab_size)
         if problems:
