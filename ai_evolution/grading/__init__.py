@@ -94,7 +94,7 @@ def setup_lines(lab_folder: Path) -> tuple[str, ...]:
 
 def grade_one(sid: str, path: Path, data: bytes, assessment: Assessment, seed: int,
               timeout_s: float, cell_timeout_s: float, memory_mb: int, stage_limit_s: float,
-              log_dir: Path) -> tuple[Grade, RunInfo]:
+              log_dir: Path, run_secret=None) -> tuple[Grade, RunInfo]:
     """Grade one submission from ``data``, its bytes as read before grading started (another
     notebook rewriting the file meanwhile changes nothing)."""
     import ast
@@ -113,8 +113,10 @@ def grade_one(sid: str, path: Path, data: bytes, assessment: Assessment, seed: i
     setup_names = {n for line in setup for stmt in ast.parse(line).body
                    for n in ([a.asname or a.name.split(".")[0] for a in stmt.names])}
     found = extract(nb, setup_names)
-    functions, check_flags = check_functions(assessment, seed, found, stage_limit_s, memory_mb,
-                                             log_dir, setup)
+    functions, check_flags = check_functions(
+        assessment, seed, found, stage_limit_s, memory_mb, log_dir, setup,
+        secret=run_secret.secret if run_secret else None,
+        nonce=run_secret.nonce if run_secret else "")
     rebinds, tampering = parameter_rebinds(nb), kernel_tampering(nb)
     flags = flags_for(nb) + [f"{r} (la semilla o el perfil inyectados)" for r in rebinds] + \
         check_flags
@@ -141,10 +143,16 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
                  memory_mb: int = DEFAULTS["memory_mb"], jobs: int = 1, seed: int = 0,
                  assessments_dir: str | Path | None = None, keep_scratch: bool = False,
                  stage_limit_s: float = DEFAULTS["stage_limit_s"],
-                 log: TextIO | None = None, shard: tuple[int, int] | None = None) -> list[Grade]:
+                 log: TextIO | None = None, shard: tuple[int, int] | None = None,
+                 secret_file: str | Path | None = None, nonce: str | None = None) -> list[Grade]:
     """Grade every ``*.ipynb`` in ``folder`` (or, with ``shard=(i, n)``, those of shard ``i``);
-    write the reports under ``out`` (default ``folder/grading``); return the grades sorted by
-    student id."""
+    write the reports under ``out`` (default ``folder/grading``) and ``run.json`` (the nonce
+    and the secret's fingerprint, :mod:`.secret`); return the grades sorted by student id."""
+    from .secret import GENERATED_WARNING, resolve
+
+    run_secret = resolve(secret_file, nonce)
+    if run_secret.source == "generado" and log is not None:
+        print(GENERATED_WARNING, file=log, flush=True)
     assessment = find_assessment(kind, assessments_dir)
     folder = Path(folder)
     out = Path(out) if out else folder / "grading"
@@ -167,7 +175,7 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
     def job(item: tuple[int, tuple[str, Path]]) -> Grade:
         n, (sid, path) = item
         grade, info = grade_one(sid, path, contents[sid], assessment, seed, timeout_s,
-                                cell_timeout_s, memory_mb, stage_limit_s, logs / sid)
+                                cell_timeout_s, memory_mb, stage_limit_s, logs / sid, run_secret)
         if info.executed is not None:
             executed[sid] = info.executed
         if log is not None:
@@ -191,6 +199,7 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
         (out / "executed" / f"{sid}.ipynb").write_text(
             json.dumps(nb, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     write_reports(grades, assessment, seed, out)
+    (out / "run.json").write_text(run_secret.record(kind, seed), encoding="utf-8")
     return grades
 
 

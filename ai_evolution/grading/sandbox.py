@@ -97,13 +97,16 @@ class RunInfo:
 
 # --- isolation -----------------------------------------------------------------------------------
 
-def _bwrap_base(writable: list[Path], readonly: list[Path]) -> list[str]:
+def _bwrap_base(writable: list[Path], readonly: list[Path],
+                library: Path = PACKAGE_DIR) -> list[str]:
+    """``library``: the package folder bound read-only (the function worker binds its stripped
+    copy instead, and never sees the real one)."""
     cmd = ["bwrap", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys"):
         cmd += ["--ro-bind-try", path, path]
     prefixes = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(),
                 Path(sys.executable).resolve().parent.parent}
-    for path in sorted({*prefixes, PACKAGE_DIR, *readonly}):
+    for path in sorted({*prefixes, Path(library), *readonly}):
         cmd += ["--ro-bind", str(path), str(path)]
     for path in writable:
         cmd += ["--bind", str(path), str(path)]
