@@ -127,7 +127,7 @@ class Encoder:
         if t is bytes:
             return {"$bytes": _b64(obj)}
         mod = t.__module__
-        if mod == "numpy":
+        if mod == "numpy" or mod.startswith("numpy."):
             import numpy as np
 
             if t is np.ndarray:
@@ -267,7 +267,7 @@ class Decoder:
             raise CodecError("campos mal codificados")
         out = {}
         for key, value in data.items():
-            if not (isinstance(key, str) and key.isidentifier()):
+            if not (isinstance(key, str) and key.isidentifier()) or key.startswith("__"):
                 raise CodecError("nombre de campo no válido")
             out[key] = self.decode(value, 1)
         return out
