@@ -297,11 +297,25 @@ def worker_main() -> int:
     answer: dict = {"crash": None, "errors": [], "executed": None}
     set_limits(job["memory_mb"])
     executed = None
+
+    def reply_errors(cell, cell_index, execute_reply):
+        """A cell whose execute_reply says ``error`` but that shows no error output (a custom
+        exception handler installed in the kernel swallowed it) gets one: ``runs`` is read from
+        the reply nbclient received, not from what the kernel chose to display."""
+        content = (execute_reply or {}).get("content", {})
+        if content.get("status") == "error" and not any(
+                o.get("output_type") == "error" for o in cell.get("outputs", [])):
+            cell.setdefault("outputs", []).append(nbformat.v4.new_output(
+                "error", ename=str(content.get("ename") or "Error"),
+                evalue=str(content.get("evalue") or "") + " (el kernel no mostró este error)",
+                traceback=[]))
+
     try:
         executed = papermill.execute_notebook(
             nb, None, parameters={"seed": job["seed"], "profile": "ci"}, cwd=job["work"],
             kernel_name="python3", language="python", progress_bar=False, allow_errors=True,
-            interrupt_on_timeout=True, execution_timeout=job["cell_timeout_s"], start_timeout=120)
+            interrupt_on_timeout=True, execution_timeout=job["cell_timeout_s"], start_timeout=120,
+            on_cell_executed=reply_errors)
     except papermill.PapermillExecutionError:
         pass  # errors stay in the cells' outputs
     except BaseException as err:  # noqa: BLE001 - dead kernel, kernel that did not start, ...

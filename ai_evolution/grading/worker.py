@@ -162,15 +162,14 @@ class Worker:
         from .codec import Decoder, Encoder
 
         dec = Decoder()
-        args = [dec.decode(a) for a in msg.get("args", [])]
-        kwargs = {str(k): dec.decode(v) for k, v in msg.get("kwargs", {}).items()}
         target = self._student(msg["name"])
         if msg.get("self") is not None:  # a method of the student's class, on its fields
-            instance = object.__new__(target)
-            fields = dec.fields(msg["self"])
+            instance = object.__new__(target)  # decoded first: the arguments refer to it
             dec.known[0] = instance
-            instance.__dict__.update(fields)
+            instance.__dict__.update(dec.fields(msg["self"]))
             target = getattr(instance, str(msg["method"]))
+        args = [dec.decode(a) for a in msg.get("args", [])]
+        kwargs = {str(k): dec.decode(v) for k, v in msg.get("kwargs", {}).items()}
         known = dict(dec.known)
         start = max(known, default=0) + 1
         before = {k: self._record(o, known, start) for k, o in known.items()}
