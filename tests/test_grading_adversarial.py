@@ -678,3 +678,80 @@ print(json.dumps({{
     assert seen["library"] and seen["scratch_writable"]
     assert not (seen["assessments"] or seen["tests"] or seen["library_writable"])
     assert len(seen["pids"]) <= 3 and seen["interfaces"] == ["lo"]
+
+
+# --- the function worker, driven directly (one worker start, a few seconds) -----------------------
+
+WORKER_CODE = {
+    "subclass": "def subclass():\n    class D(dict):\n        pass\n    return D(a=1)\n",
+    "custom": "def custom():\n    class C:\n        pass\n    return [C()]\n",
+    "huge": "def huge():\n    return 'x' * (70 * 2 ** 20)\n",
+    "hang": "def hang():\n    while True:\n        pass\n",
+    "flood": "def flood():\n    for _ in range(200):\n        print('x' * 100000)\n    return 1\n",
+    "leave": "def leave():\n    s = torch.sys\n    s.modules['os']._exit(3)\n",
+    "routes": ("def routes(config):\n"
+               "    m = torch.sys.modules['importlib'].import_module('ai_evolution.model.memory')\n"
+               "    return functools.reduce(getattr, ['kv_bytes_per_token'], m)(config, 'fp16')\n"),
+    "peek": ("def peek():\n    b = torch.sys.modules['builtins']\n"
+             "    with getattr(b, 'open')({path!r}) as fh:\n        raise ValueError(fh.read())\n"),
+    "write": "def write(cache):\n    cache[0, 1] = 5.0\n    return cache.sum()\n",
+    "frames": ("def frames():\n    s = torch.sys\n    f, names = s._getframe(0), []\n"
+               "    while f is not None:\n        names += list(getattr(f, 'f_locals'))\n"
+               "        f = getattr(f, 'f_back')\n    return sorted(set(names))\n"),
+}
+
+
+def test_the_worker_answers_plain_data_only_and_survives_what_its_code_does(tmp_path):
+    """A returned subclass or custom object fails the call with a Spanish reason; a huge answer
+    is refused; a hang or an exit costs that call and the worker restarts; printing floods
+    nothing; the references are not in its library; the hidden checks are not readable (with
+    bubblewrap) and never reach a message; in-place writes come back; its frames hold nothing
+    of the checker's."""
+    import torch
+
+    from ai_evolution.grading import stripped
+    from ai_evolution.grading.proxy import FunctionWorker, StudentError, WorkerLost, redactor
+
+    a = find_assessment("kv_cache")
+    library = stripped.build(a, tmp_path / "lib")
+    code = {k: v.format(path=str(HIDDEN_KV)) for k, v in WORKER_CODE.items()}
+    statements = [{"cell": 1, "source": "import functools\nimport torch", "defines": ["torch"]}] + \
+        [{"cell": i + 2, "source": src, "defines": [name]} for i, (name, src) in enumerate(code.items())]
+    job = {"setup": [], "statements": statements, "seed": 0, "params": {}, "memory_mb": 4096,
+           "graded": [{"name": n, "reference": "ai_evolution.model:kv_bytes_per_token",
+                       "delegates": [], "methods": []} for n in code]}
+    worker = FunctionWorker(job, library, isolation(), 4096, tmp_path / "w.log", {},
+                            redact=redactor(HIDDEN_KV.parent), call_limit_s=8)
+    try:
+        ready = worker.start()
+        assert set(ready["kinds"]) == set(code), ready
+        for name in ("subclass", "custom", "huge"):
+            with pytest.raises(StudentError) as err:
+                worker.call(name, (), {})
+            assert "no puede cruzar" in err.value.feedback or "MiB" in err.value.feedback
+        with pytest.raises(WorkerLost, match="superó 8 s"):
+            worker.call("hang", (), {})
+        assert worker.call("flood", (), {}) == 1  # restarted, and prints go nowhere
+        with pytest.raises(WorkerLost, match="terminó"):
+            worker.call("leave", (), {})
+        with pytest.raises(NotImplementedError, match="no está disponible en el corrector"):
+            worker.call("routes", (get_preset_config(),), {})
+        with pytest.raises(StudentError) as err:
+            worker.call("peek", (), {})
+        text = HIDDEN_KV.read_text(encoding="utf-8")
+        assert "def _kv_bytes_edges" in text and "_kv_bytes_edges" not in err.value.feedback
+        assert "assessments" not in err.value.feedback
+        if isolation() == "bwrap":
+            assert "FileNotFoundError" in err.value.feedback
+        cache = torch.zeros(2, 3)
+        assert worker.call("write", (cache,), {}).item() == 5.0 and cache[0, 1].item() == 5.0
+        seen = worker.call("frames", (), {})
+        assert not {"expected", "key", "channel", "ctx", "assessment"} & set(seen), seen
+    finally:
+        worker.stop()
+
+
+def get_preset_config():
+    from ai_evolution.model import get_preset
+
+    return get_preset("llama-3.1-8b")
