@@ -221,3 +221,15 @@ def test_messages_from_the_worker_lose_hidden_text_paths_and_length(tmp_path):
                         redact)
     assert "_secret_edges" not in out and "mqa" not in out and "assessments" not in out
     assert len(out) <= 300 and out.endswith("…")
+
+
+def test_an_error_from_the_worker_keeps_its_builtin_type_and_nothing_else():
+    from ai_evolution.grading.proxy import StudentError, student_error
+
+    err = student_error("ValueError", "rate debe ser > 0", "su función lanzó ValueError: …")
+    assert isinstance(err, ValueError) and isinstance(err, StudentError)  # checks expecting it
+    assert str(err) == "rate debe ser > 0" and err.feedback.startswith("su función lanzó")
+    assert isinstance(student_error("ZeroDivisionError", "", ""), ArithmeticError)
+    own = student_error("MiError", "x", "y")  # a class the student wrote: only its name crosses
+    assert type(own) is StudentError and own.type_name == "MiError"
+    assert type(student_error("SystemExit", "", "")) is StudentError  # not an Exception

@@ -53,6 +53,29 @@ class StudentError(Exception):
         self.feedback = feedback
 
 
+_BUILTIN_ERRORS: dict[str, type] = {}
+
+
+def student_error(type_name: str, message: str, feedback: str) -> StudentError:
+    """A :class:`StudentError` that is also an instance of the built-in exception of that name
+    (``ValueError``, ``KeyError``...), so that a check expecting the student's code to raise it
+    sees it; any other name (a class the student wrote) is a plain StudentError."""
+    import builtins
+
+    base = getattr(builtins, type_name, None)
+    if not (isinstance(base, type) and issubclass(base, Exception)) or \
+            issubclass(base, (StudentError, NotImplementedError)):
+        return StudentError(type_name, message, feedback)
+    if type_name not in _BUILTIN_ERRORS:
+        try:
+            _BUILTIN_ERRORS[type_name] = type(type_name, (StudentError, base), {})
+        except TypeError:  # a built-in whose layout cannot be mixed
+            return StudentError(type_name, message, feedback)
+    err = _BUILTIN_ERRORS[type_name].__new__(_BUILTIN_ERRORS[type_name])
+    StudentError.__init__(err, type_name, message, feedback)
+    return err
+
+
 class WorkerLost(BaseException):
     """The worker died, hung, grew past its memory or flooded the channel (Spanish message)."""
 
@@ -265,7 +288,7 @@ class FunctionWorker:
         if error.get("codec"):
             raise StudentError(kind, message, "su código devolvió o recibió un valor que no "
                                               f"puede cruzar entre procesos: {message}")
-        raise StudentError(kind, message, f"su función lanzó {kind}: {message}")
+        raise student_error(kind, message, f"su función lanzó {kind}: {message}")
 
     def call(self, name: str, args: tuple, kwargs: dict, mirror: Any = None,
              method: str | None = None) -> Any:
