@@ -9,12 +9,14 @@
    for the whole notebook, a per-cell limit and a memory bound. Nothing the kernel writes is a
    result: the grader keeps only each cell's errors and the contract a last, appended cell
    prints, returned by the worker through a channel the kernel cannot reach.
-2. **Check** (``rebuild``, ``checker``): the exercise functions are rebuilt from the submitted
-   file itself (its definition statements, screened, on top of the lab's setup imports) in a
-   fresh, equally isolated interpreter, where the public and hidden checks of
-   ``assessments/NN-name/hidden_checks.py`` run against a freshly imported library. A
-   function that delegates to the library's reference scores 0 for its criterion. A notebook
-   that times out or crashes still has every function graded.
+2. **Check** (``rebuild``, ``checker``, ``worker``, ``proxy``): the exercise functions are
+   rebuilt from the submitted file itself (its definition statements, screened, on top of the
+   lab's setup imports) in a jailed *function worker* whose library lacks the lab's graded
+   references (``stripped``); the trusted checker, which runs no submitted code, draws the
+   hidden cases of ``assessments/NN-name/hidden_checks.py`` from the instructor's secret
+   (``secret``), computes the expected values and calls the worker through proxies that carry
+   plain data only (``codec``). A notebook that times out or crashes still has every function
+   graded.
 3. **Score** (``score``): the contract is validated against the library's schema (kind, seed,
    profile, parameters; no cell may rebind the injected parameters) and the challenge's
    ``student_extension`` is checked; each criterion of ``rubric.json`` earns all its points
@@ -22,8 +24,9 @@
 4. **Report** (``report``): ``gradebook.csv`` (student_id, one column per criterion, total,
    max_total, status, reason, isolation) and ``feedback/<student_id>.md`` in Spanish.
 
-Everything written is deterministic for one folder and one seed (no dates or timings), so
-grading twice gives the same files. ``--shard i/n`` grades a deterministic subset and
+Everything written is deterministic for one folder, one seed, one secret and one nonce (no
+dates or timings), so grading twice with them gives the same files (``run.json`` records the
+nonce). ``--shard i/n`` grades a deterministic subset and
 ``python -m ai_evolution.grading merge`` joins the shards' outputs. The instructor's guide
 (``book/instructor-guide.md``) explains the workflow and how to add a lab.
 """

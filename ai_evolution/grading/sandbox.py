@@ -6,8 +6,10 @@ Process tree of one submission::
       ├─ [bwrap] worker: ``python -m ai_evolution.grading.worker``   (job on stdin, the executed
       │    │              notebook back on a private copy of its stdout)
       │    └─ kernel (ipykernel, started by papermill), which runs the notebook
-      └─ [bwrap] checker: ``python -m ai_evolution.grading.checker`` (see ``checker``), after
-                 the worker, with the exercise statements rebuilt from the submitted file
+      └─ checker (trusted, runs no submitted code): ``python -m ai_evolution.grading.checker``
+           └─ [bwrap] function worker: ``python -m ai_evolution.grading.worker functions``, the
+                      exercise statements rebuilt from the submitted file, on a library
+                      without the lab's references (see ``checker``, ``proxy``, ``stripped``)
 
 Isolation (:func:`isolation`): where ``bwrap`` (bubblewrap) works, each process runs in its own
 PID, network, IPC and UTS namespaces, with the library, the virtual environment and the Python
@@ -22,7 +24,7 @@ through a copy of its stdout that no child inherits, after execution; the worker
 non-dumpable, so the kernel cannot open that descriptor through ``/proc``. From that notebook
 the grader reads only the errors of each cell and the contract the last (grader's) cell prints,
 both validated in the grader. The exercise functions are graded by the checker from the
-submitted file, not from the kernel.
+submitted file, not from the kernel, calling them in the function worker.
 
 Limits: wall clock for the whole notebook (``timeout_s``: the tree is killed), per cell
 (``cell_timeout_s``: nbclient interrupts the cell and goes on), memory (``RLIMIT_AS`` on every
