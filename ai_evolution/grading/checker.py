@@ -108,6 +108,9 @@ def checker_main() -> int:
                 outcome = _outcome(False, f"no se encontró `{c.name}` en el cuaderno: "
                                    + (f"{clean(why, 300)}." if why else
                                       "ninguna celda lo define (o cambió de nombre)."))
+            elif ready["kinds"][c.name] not in ("function", "class"):
+                outcome = _outcome(False, f"`{c.name}` no es una función ni una clase (es "
+                                          f"{clean(ready['kinds'][c.name], 60)}).")
             else:
                 why = ready.get("delegation", {}).get(c.name)
                 if why:

@@ -210,17 +210,20 @@ class FunctionWorker:
         deadline = time.monotonic() + limit_s
         fd = self.proc.stdout.fileno()
         stopped_since = None
+        checked = time.monotonic()
         while b"\n" not in self._buffer:
             now = time.monotonic()
             if now > deadline:
                 raise self._lost(f"una llamada a su código superó {limit_s:g} s (¿un bucle que "
                                  "no termina?).")
-            tree = _tree(self.proc.pid)
-            if self.memory_mb and _rss(tree) > self.memory_mb * 2**20:
-                raise self._lost(f"su código superó {self.memory_mb} MiB de memoria.")
-            stopped_since = (stopped_since or now) if _any_stopped(tree) else None
-            if stopped_since is not None and now - stopped_since > 3:
-                raise self._lost("su código detuvo el proceso que lo ejecuta (SIGSTOP).")
+            if now - checked > 0.5:  # the process tree, sampled (a call takes microseconds)
+                checked = now
+                tree = _tree(self.proc.pid)
+                if self.memory_mb and _rss(tree) > self.memory_mb * 2**20:
+                    raise self._lost(f"su código superó {self.memory_mb} MiB de memoria.")
+                stopped_since = (stopped_since or now) if _any_stopped(tree) else None
+                if stopped_since is not None and now - stopped_since > 3:
+                    raise self._lost("su código detuvo el proceso que lo ejecuta (SIGSTOP).")
             ready, _, _ = select.select([fd], [], [], 0.2)
             if not ready:
                 continue
