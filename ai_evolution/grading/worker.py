@@ -242,6 +242,13 @@ class Worker:
 
 def functions_main() -> int:
     job = json.loads(sys.stdin.buffer.readline().decode("utf-8"))
+    from pathlib import Path
+
+    import ai_evolution
+
+    library = Path(os.environ.get("PYTHONPATH", "/nonexistent")).resolve()
+    if not Path(ai_evolution.__file__).resolve().is_relative_to(library):
+        raise SystemExit(f"the worker imported {ai_evolution.__file__}, not the stripped copy")
     from .sandbox import private_stdout, set_limits
 
     out = private_stdout()
