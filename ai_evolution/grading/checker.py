@@ -76,8 +76,6 @@ def checker_main() -> int:
     secret = bytes.fromhex(job["secret"]) if job.get("secret") else None
     ctx = assessment.context(int(job["seed"]), secret=secret, nonce=job.get("nonce", ""))
     criteria = [c for c in assessment.functions if c.id in set(job["only"])]
-    with contextlib.redirect_stdout(sys.stderr):
-        ctx.model()
     library = Path(tempfile.mkdtemp(prefix="ai-evolution-lib-"))
     references = {c.name: resolve_reference(c.reference) for c in assessment.functions}
     worker_job = {"setup": job["setup"], "statements": job["statements"], "seed": ctx.seed,
