@@ -221,6 +221,10 @@ def test_messages_from_the_worker_lose_hidden_text_paths_and_length(tmp_path):
                         redact)
     assert "_secret_edges" not in out and "mqa" not in out and "assessments" not in out
     assert len(out) <= 300 and out.endswith("…")
+    # A line cut anywhere (the worker truncates long messages) is still recognised.
+    cut = "ValueError: x = 1; " + "    cases = [(mqa, 'int4'), (mqa, 'f"[7:]
+    assert "mqa, 'int4'" not in redact(cut) and "[texto oculto]" in redact(cut)
+    assert redact("nada de esto es secreto") == "nada de esto es secreto"
 
 
 def test_an_error_from_the_worker_keeps_its_builtin_type_and_nothing_else():

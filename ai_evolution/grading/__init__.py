@@ -109,6 +109,7 @@ def grade_one(sid: str, path: Path, data: bytes, assessment: Assessment, seed: i
 
     log_dir.mkdir(parents=True, exist_ok=True)
     info = run_notebook(data, assessment, seed, timeout_s, cell_timeout_s, memory_mb, log_dir)
+    _redact_run(info, assessment)
     if info.status == "invalid":
         return score(sid, path.name, info, assessment, seed), info
     nb = nbformat.reads(data.decode("utf-8"), as_version=4)
@@ -125,6 +126,17 @@ def grade_one(sid: str, path: Path, data: bytes, assessment: Assessment, seed: i
         check_flags
     grade = score(sid, path.name, info, assessment, seed, functions, flags, rebinds, tampering)
     return grade, info
+
+
+def _redact_run(info: RunInfo, assessment: Assessment) -> None:
+    """No text of the assessment's files in what the feedback quotes from the kernel (a
+    notebook can read them only in the session fallback)."""
+    from .proxy import redactor
+
+    redact = redactor(assessment.folder)
+    info.reason = redact(info.reason) if info.reason else info.reason
+    for error in info.errors:
+        error["evalue"] = redact(error["evalue"])
 
 
 def shard_of(student_id: str, n: int) -> int:

@@ -70,7 +70,7 @@ def checker_main() -> int:
     torch.set_num_threads(1)
     from . import stripped
     from .assessment import load_assessment, resolve_reference
-    from .proxy import FunctionWorker, WorkerLost, proxies, redactor
+    from .proxy import FunctionWorker, WorkerLost, clean_message, proxies, redactor
 
     assessment = load_assessment(job["assessment"])
     secret = bytes.fromhex(job["secret"]) if job.get("secret") else None
@@ -84,9 +84,10 @@ def checker_main() -> int:
                               "delegates": list(c.delegates), "methods": list(c.methods)}
                              for c in assessment.functions]}
     worker = FunctionWorker(worker_job, library, job.get("isolation", "session"),
-                            int(job.get("memory_mb") or 0), Path(job["log"]), references,
-                            redact=redactor(assessment.folder))
+                            int(job.get("memory_mb") or 0), Path(job["log"]), references)
     rejected = job.get("rejected", {})
+    redact = redactor(assessment.folder)
+    worker.redact = redact
     try:
         stripped.build(assessment, library)
         try:
@@ -104,16 +105,17 @@ def checker_main() -> int:
             elif c.name not in ready.get("kinds", {}):
                 why = ready.get("failures", {}).get(c.name)
                 outcome = _outcome(False, f"no se encontró `{c.name}` en el cuaderno: "
-                                   + (f"{clean(why, 300)}." if why else
+                                   + (f"{clean_message(why, redact)}." if why else
                                       "ninguna celda lo define (o cambió de nombre)."))
             elif ready["kinds"][c.name] not in ("function", "class"):
                 outcome = _outcome(False, f"`{c.name}` no es una función ni una clase (es "
-                                          f"{clean(ready['kinds'][c.name], 60)}).")
+                                          f"{clean_message(ready['kinds'][c.name], redact, 60)}).")
             else:
                 why = ready.get("delegation", {}).get(c.name)
                 if why:
-                    flag = clean(f"`{c.name}` parece delegar en la biblioteca ({why}); la "
-                                 "referencia no está en el proceso que ejecuta su código", 400)
+                    flag = (f"`{c.name}` parece delegar en la biblioteca "
+                            f"({clean_message(why, redact)}); la referencia no está en el proceso "
+                            "que ejecuta su código")
                 try:
                     worker.begin(c.name)
                     ns = proxies(worker, assessment)

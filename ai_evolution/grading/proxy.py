@@ -80,27 +80,42 @@ class WorkerLost(BaseException):
     """The worker died, hung, grew past its memory or flooded the channel (Spanish message)."""
 
 
+REDACT_WINDOW = 20
+
+
 def redactor(folder: Path | None) -> Callable[[str], str]:
-    """A function that removes from a message any line of the files of ``folder`` (the
-    assessment: its hidden checks) longer than 15 characters, in case a submission read them
-    (possible only in the session fallback) and put them in an exception's text."""
-    lines: set[str] = set()
+    """A function that replaces, in a message, every run of :data:`REDACT_WINDOW` or more
+    characters copied from the files of ``folder`` (the assessment: its hidden checks), however
+    the run was cut, by ``[texto oculto]``: in case a submission read them (possible only in the
+    session fallback) and put them in an exception's text or a cell's error."""
+    windows: set[str] = set()
     if folder is not None and Path(folder).is_dir():
         for path in sorted(Path(folder).iterdir()):
             try:
-                text = path.read_text(encoding="utf-8")
+                text = " ".join(path.read_text(encoding="utf-8").split())
             except (OSError, UnicodeDecodeError):
                 continue
-            lines.update(" ".join(ln.split()) for ln in text.splitlines()
-                         if len(" ".join(ln.split())) > 15)
-    ordered = sorted(lines, key=len, reverse=True)
+            windows.update(text[i:i + REDACT_WINDOW]
+                           for i in range(len(text) - REDACT_WINDOW + 1))
 
     def redact(text: str) -> str:
         flat = " ".join(str(text).split())
-        for line in ordered:
-            if line in flat:
-                flat = flat.replace(line, "[texto oculto]")
-        return flat
+        hidden = [False] * len(flat)
+        for i in range(len(flat) - REDACT_WINDOW + 1):
+            if flat[i:i + REDACT_WINDOW] in windows:
+                hidden[i:i + REDACT_WINDOW] = [True] * REDACT_WINDOW
+        if not any(hidden):
+            return flat
+        out, i = [], 0
+        while i < len(flat):
+            if hidden[i]:
+                while i < len(flat) and hidden[i]:
+                    i += 1
+                out.append("[texto oculto]")
+            else:
+                out.append(flat[i])
+                i += 1
+        return "".join(out)
 
     return redact
 

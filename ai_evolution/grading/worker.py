@@ -29,7 +29,7 @@ import signal
 import sys
 
 STATEMENT_LIMIT_S = 10.0
-MESSAGE_LIMIT = 600
+MESSAGE_LIMIT = 4000  # the checker redacts, then cuts to 300
 
 
 def _clean(text, limit: int = MESSAGE_LIMIT) -> str:
