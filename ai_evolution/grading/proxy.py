@@ -85,12 +85,13 @@ REDACT_WINDOW = 20
 
 def redactor(folder: Path | None) -> Callable[[str], str]:
     """A function that replaces, in a message, every run of :data:`REDACT_WINDOW` or more
-    characters copied from the files of ``folder`` (the assessment: its hidden checks), however
-    the run was cut, by ``[texto oculto]``: in case a submission read them (possible only in the
-    session fallback) and put them in an exception's text or a cell's error."""
+    characters copied from the Python files of ``folder`` (the assessment's hidden checks; its
+    ``assessment.md`` and ``rubric.json`` are public), however the run was cut, by
+    ``[texto oculto]``: in case a submission read them (possible only in the session fallback)
+    and put them in an exception's text or a cell's error."""
     windows: set[str] = set()
     if folder is not None and Path(folder).is_dir():
-        for path in sorted(Path(folder).iterdir()):
+        for path in sorted(Path(folder).glob("*.py")):
             try:
                 text = " ".join(path.read_text(encoding="utf-8").split())
             except (OSError, UnicodeDecodeError):
