@@ -10,6 +10,7 @@ import contextlib
 import csv
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -440,10 +441,11 @@ def test_attacks_on_the_checkers_process_find_nothing_to_attack(attacked):
     table = book["tabla"]
     assert (table["kv_bytes_per_token"], table["sequences_that_fit"]) == ("0", "0"), table
     # Hidden cases come from the run's secret: the nonce is recorded, the secret is not.
-    run = json.loads((out / "run.json").read_text(encoding="utf-8"))
-    assert run["nonce"] and run["secret_source"] in ("entorno", "archivo", "generado")
-    assert run["secret_fingerprint"] and "secret" not in {k for k in run if k != "secret_source"
-                                                          and k != "secret_fingerprint"}
+    text = (out / "run.json").read_text(encoding="utf-8")
+    run = json.loads(text)
+    assert (run["lab"], run["nonce"], run["secret_source"]) == ("kv_cache", "pruebas", "entorno")
+    assert len(run["secret_fingerprint"]) == 16
+    assert os.environ["AI_EVOLUTION_GRADING_SECRET"] not in text
 
 
 def test_no_other_students_file_or_grade_changes(attacked):
