@@ -593,6 +593,16 @@ def test_merge_joins_shards_into_the_gradebook_of_one_run(tmp_path):
     assert (merged / "gradebook.csv").read_text(encoding="utf-8") == \
         header + "a,0,0,1,error,\"x, y\",bwrap\nb,1,1,1,ok,,bwrap\nc,1,1,1,ok,,bwrap\n"
     assert sorted(p.name for p in (merged / "feedback").iterdir()) == ["a.md", "b.md", "c.md"]
+    # The shards of one run share its nonce; shards graded with other nonces do not merge.
+    for folder in (one, two):
+        (folder / "run.json").write_text('{"nonce": "n1"}\n', encoding="utf-8")
+    merge_outputs([one, two], tmp_path / "con_nonce")
+    assert (tmp_path / "con_nonce" / "run.json").read_text(encoding="utf-8") == '{"nonce": "n1"}\n'
+    (two / "run.json").write_text('{"nonce": "n2"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="nonces distintos"):
+        merge_outputs([one, two], tmp_path / "mezcla")
+    (two / "run.json").unlink()
+    (one / "run.json").unlink()
     with pytest.raises(ValueError, match="dos libros"):
         merge_outputs([one, one], tmp_path / "doble")
     (two / "gradebook.csv").write_text("student_id,otra\n", encoding="utf-8")

@@ -240,7 +240,17 @@ def merge_outputs(parts: list[str | Path], out: str | Path) -> int:
                 rows[row[0]] = row
     if header is None:
         raise ValueError("no hay libros de notas que unir")
+    runs = set()  # the shards of one run share its secret and nonce (run.json)
+    for part in map(Path, parts):
+        run = (part if part.is_dir() else part.parent) / "run.json"
+        if run.is_file():
+            runs.add(run.read_text(encoding="utf-8"))
+    if len(runs) > 1:
+        raise ValueError("los fragmentos se corrigieron con secretos o nonces distintos (run.json "
+                         "no coincide): corrija todos con el mismo --secret-file y --nonce")
     out.mkdir(parents=True, exist_ok=True)
+    if runs:
+        (out / "run.json").write_text(runs.pop(), encoding="utf-8")
     for part in map(Path, parts):
         folder = part if part.is_dir() else part.parent
         for sub in ("feedback", "executed"):
