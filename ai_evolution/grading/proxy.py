@@ -155,7 +155,7 @@ class FunctionWorker:
             ["--chdir", str(scratch / "work"), "--"] + inner
 
     def start(self) -> dict:
-        from .sandbox import _base_env, new_scratch
+        from .sandbox import TOKEN_ENV, _base_env, new_scratch
 
         self.stop()
         if self.starts >= self.max_starts:
@@ -163,7 +163,9 @@ class FunctionWorker:
                              "no se corrige más.")
         self.starts += 1
         self.scratch = new_scratch()
-        env = _base_env(self.scratch, secrets.token_hex(16))
+        # The checker's run token: whatever the worker leaves behind is swept with the checker's
+        # processes by the grader (sandbox.run_untrusted).
+        env = _base_env(self.scratch, os.environ.get(TOKEN_ENV) or secrets.token_hex(16))
         env["PYTHONPATH"] = str(self.library)
         self.proc = subprocess.Popen(self._command(self.scratch), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
