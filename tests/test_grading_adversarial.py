@@ -341,7 +341,7 @@ def grade_attacks(base: Path) -> dict:
     done = subprocess.run([sys.executable, "-m", "ai_evolution.grading", "--lab", "kv_cache",
                            str(folder), "--out", str(out), "--timeout", "150", "--cell-timeout",
                            "60", "--memory-mb", "4096", "--jobs", "2"],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1500)
     elapsed = time.monotonic() - start
     time.sleep(1)
     survivors = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
@@ -362,9 +362,10 @@ def test_the_grader_writes_a_gradebook_and_survives_every_attack(attacked):
     assert sorted(book) == sorted(attacked["most"])
     assert not attacked["survivors"], attacked["survivors"]  # the escaped process was killed
     assert {r["isolation"] for r in book.values()} == {isolation()}
-    # 13 cheap notebooks of ~10 s each and lab 2 run in full (~30 s) on two workers; the
-    # stopped worker is killed 3 s after it stops, not at its 150 s limit.
-    assert attacked["elapsed"] < 400
+    # 17 cheap notebooks of ~10 s each and lab 2 run in full (~30 s) on two workers, each
+    # followed by its checker and function worker (~10-30 s: two interpreters, the model for
+    # the attention step); the stopped worker is killed 3 s after it stops, not at its limit.
+    assert attacked["elapsed"] < 900
 
 
 def test_no_attack_scores_above_its_honest_content(attacked):
@@ -391,7 +392,7 @@ def test_each_attack_loses_the_right_criteria_with_a_reason(attacked):
     # which the screen keeps out of exercise code.
     assert feedback["importa_referencias"].count("no está disponible en el corrector") >= 3
     assert feedback["importa_referencias"].count("parece delegar en la biblioteca") == 3
-    assert "`sequences_that_fit`: la celda" in feedback["importa_referencias"]
+    assert "no se encontró `sequences_that_fit`" in feedback["importa_referencias"]
     assert book["parchea_kernel"]["kv_bytes_per_token"] == "0"
     assert "ai_evolution.grading" in feedback["parchea_kernel"]  # flagged for a human
     assert book["parchea_ejercicio"]["kv_bytes_per_token"] == "0"
@@ -431,11 +432,11 @@ def test_attacks_on_the_checkers_process_find_nothing_to_attack(attacked):
     # f_locals["expected"] of the caller; the hidden checks opened and raised.
     spy = book["espia"]
     assert (spy["fit_growth"], spy["sequences_that_fit"]) == ("0", "0"), spy
-    hidden_text = HIDDEN_KV.read_text(encoding="utf-8")
+    private = [ln.strip() for ln in HIDDEN_KV.read_text(encoding="utf-8").splitlines()
+               if ln.startswith("def _")]  # the hidden checks' own helpers: nowhere public
+    assert len(private) >= 4
     for sid, text in feedback.items():
-        leaked = [ln.strip() for ln in hidden_text.splitlines()
-                  if len(ln.strip()) > 25 and ln.strip() in text]
-        assert not leaked, (sid, leaked[:3])
+        assert not [ln for ln in private if ln[:20] in text], sid
         assert "assessments/" not in text and "hidden_checks" not in text, sid
     # A library table rewritten in place for a wrong formula; a literal table of old cases.
     table = book["tabla"]

@@ -131,9 +131,9 @@ def grade_one(sid: str, path: Path, data: bytes, assessment: Assessment, seed: i
 def _redact_run(info: RunInfo, assessment: Assessment) -> None:
     """No text of the assessment's files in what the feedback quotes from the kernel (a
     notebook can read them only in the session fallback)."""
-    from .proxy import redactor
+    from .proxy import assessment_redactor
 
-    redact = redactor(assessment.folder)
+    redact = assessment_redactor(assessment)
     info.reason = redact(info.reason) if info.reason else info.reason
     for error in info.errors:
         error["evalue"] = redact(error["evalue"])

@@ -70,7 +70,7 @@ def checker_main() -> int:
     torch.set_num_threads(1)
     from . import stripped
     from .assessment import load_assessment, resolve_reference
-    from .proxy import FunctionWorker, WorkerLost, clean_message, proxies, redactor
+    from .proxy import FunctionWorker, WorkerLost, assessment_redactor, clean_message, proxies
 
     assessment = load_assessment(job["assessment"])
     secret = bytes.fromhex(job["secret"]) if job.get("secret") else None
@@ -86,7 +86,7 @@ def checker_main() -> int:
     worker = FunctionWorker(worker_job, library, job.get("isolation", "session"),
                             int(job.get("memory_mb") or 0), Path(job["log"]), references)
     rejected = job.get("rejected", {})
-    redact = redactor(assessment.folder)
+    redact = assessment_redactor(assessment)
     worker.redact = redact
     try:
         stripped.build(assessment, library)

@@ -24,6 +24,7 @@ started again (at most ``max_starts`` times) for the next one.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import re
@@ -81,23 +82,45 @@ class WorkerLost(BaseException):
 
 
 REDACT_WINDOW = 20
+_PUBLIC_SUFFIXES = (".py", ".md", ".ipynb", ".json")
 
 
-def redactor(folder: Path | None) -> Callable[[str], str]:
-    """A function that replaces, in a message, every run of :data:`REDACT_WINDOW` or more
-    characters copied from the Python files of ``folder`` (the assessment's hidden checks; its
-    ``assessment.md`` and ``rubric.json`` are public), however the run was cut, by
-    ``[texto oculto]``: in case a submission read them (possible only in the session fallback)
-    and put them in an exception's text or a cell's error."""
+def _flat(path: Path) -> str:
+    try:
+        return " ".join(path.read_text(encoding="utf-8").split())
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+@functools.lru_cache(maxsize=16)
+def _secret_windows(folder: str, public: tuple[str, ...]) -> frozenset[str]:
+    """The :data:`REDACT_WINDOW`-character runs of the Python files of ``folder`` that appear in
+    none of the ``public`` files or folders (the lab's notebooks, ``assessment.md``, the public
+    checks): what only the hidden checks say."""
     windows: set[str] = set()
-    if folder is not None and Path(folder).is_dir():
-        for path in sorted(Path(folder).glob("*.py")):
-            try:
-                text = " ".join(path.read_text(encoding="utf-8").split())
-            except (OSError, UnicodeDecodeError):
+    for path in sorted(Path(folder).glob("*.py")):
+        text = _flat(path)
+        windows.update(text[i:i + REDACT_WINDOW] for i in range(len(text) - REDACT_WINDOW + 1))
+    for item in map(Path, public):
+        paths = [item] if item.is_file() else sorted(
+            p for p in item.rglob("*") if p.suffix in _PUBLIC_SUFFIXES and p.is_file())
+        for path in paths:
+            if path.parent == Path(folder) and path.suffix == ".py":
                 continue
-            windows.update(text[i:i + REDACT_WINDOW]
-                           for i in range(len(text) - REDACT_WINDOW + 1))
+            text = _flat(path)
+            for i in range(len(text) - REDACT_WINDOW + 1):
+                windows.discard(text[i:i + REDACT_WINDOW])
+    return frozenset(windows)
+
+
+def redactor(folder: Path | None, public: tuple = ()) -> Callable[[str], str]:
+    """A function that replaces, in a message, every run of :data:`REDACT_WINDOW` or more
+    characters copied from the Python files of ``folder`` (the assessment's hidden checks) and
+    from no ``public`` file, however the run was cut, by ``[texto oculto]``: in case a
+    submission read them (possible only in the session fallback) and put them in an exception's
+    text or a cell's error."""
+    windows = _secret_windows(str(folder), tuple(map(str, public))) \
+        if folder is not None and Path(folder).is_dir() else frozenset()
 
     def redact(text: str) -> str:
         flat = " ".join(str(text).split())
@@ -119,6 +142,16 @@ def redactor(folder: Path | None) -> Callable[[str], str]:
         return "".join(out)
 
     return redact
+
+
+def assessment_redactor(assessment) -> Callable[[str], str]:
+    """:func:`redactor` of an assessment: its hidden checks, minus what the lab's folder, its
+    ``assessment.md`` and ``rubric.json`` and the public checks already say."""
+    from .stripped import PACKAGE_DIR
+
+    folder = Path(assessment.folder)
+    return redactor(folder, (assessment.lab_folder, folder / "assessment.md",
+                             folder / "rubric.json", PACKAGE_DIR / "checks"))
 
 
 def clean_message(text: Any, redact: Callable[[str], str], limit: int = 300) -> str:
