@@ -918,7 +918,7 @@ def test_solution_untouched_and_broken_notebooks_get_the_right_rows(realistic):
     untouched_fb = (out / "feedback" / "sin_tocar.md").read_text(encoding="utf-8")
     assert untouched_fb.count("ejercicio sin resolver") == 4
     assert (out / "executed" / "solucion.ipynb").is_file()
-    assert elapsed < 400
+    assert elapsed < 900  # the whole adversarial run (see test_grading_adversarial)
 
 
 def cheap_folder(folder: Path) -> None:
