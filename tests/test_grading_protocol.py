@@ -205,8 +205,10 @@ def test_the_secret_comes_from_a_file_the_environment_or_is_generated(tmp_path, 
     assert resolve().source == "entorno" and resolve().nonce != resolve().nonce
     monkeypatch.delenv(SECRET_ENV)
     assert resolve().source == "generado"
-    with pytest.raises(ValueError, match="no se puede leer"):
+    with pytest.raises(ValueError, match="no existe"):
         resolve(tmp_path / "no-existe")
+    with pytest.raises(ValueError, match="imprimible"):
+        resolve(key, "dos\nlíneas")
     (tmp_path / "vacio").write_text("")
     with pytest.raises(ValueError, match="vacío"):
         resolve(tmp_path / "vacio")

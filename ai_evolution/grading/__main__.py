@@ -21,6 +21,7 @@ from pathlib import Path
 from . import DEFAULTS, grade_folder, merge_outputs, parse_shard
 from .assessment import AssessmentError, available_kinds
 from .sandbox import set_subreaper
+from .secret import SecretError
 
 
 def merge_main(argv: list[str]) -> int:
@@ -83,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                               jobs=args.jobs, seed=args.seed, assessments_dir=args.assessments,
                               keep_scratch=args.keep_scratch, log=sys.stderr, shard=shard,
                               secret_file=args.secret_file, nonce=args.nonce)
+    except SecretError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except (AssessmentError, ValueError) as err:
         kinds = ", ".join(available_kinds(args.assessments))
         print(f"error: {err} (laboratorios con evaluación: {kinds})", file=sys.stderr)

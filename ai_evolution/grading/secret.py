@@ -42,17 +42,28 @@ class RunSecret:
                           ensure_ascii=False, indent=1) + "\n"
 
 
+class SecretError(ValueError):
+    """A secret file or nonce that cannot be used (Spanish message)."""
+
+
 def resolve(secret_file: str | Path | None = None, nonce: str | None = None) -> RunSecret:
     """The secret (file, else environment, else generated for this run) and the nonce (given,
-    else environment, else random). ValueError (Spanish) for an unreadable or empty file."""
+    else environment, else random). SecretError for an unreadable or empty file, or a nonce
+    that is empty, too long or not printable."""
     if secret_file is not None:
         try:
             secret = Path(secret_file).read_bytes().strip()
+        except FileNotFoundError:
+            raise SecretError(f"no se puede leer el secreto: --secret-file {secret_file} no "
+                              "existe") from None
+        except PermissionError:
+            raise SecretError(f"no se puede leer el secreto: sin permiso de lectura sobre "
+                              f"--secret-file {secret_file}") from None
         except OSError as err:
-            raise ValueError(f"no se puede leer el secreto de --secret-file {secret_file}: "
-                             f"{err.strerror or err}") from None
+            raise SecretError(f"no se puede leer el secreto de --secret-file {secret_file} "
+                              f"(error {err.errno})") from None
         if not secret:
-            raise ValueError(f"el archivo de secreto {secret_file} está vacío")
+            raise SecretError(f"el archivo de secreto {secret_file} está vacío")
         source = "archivo"
     elif os.environ.get(SECRET_ENV):
         secret, source = os.environ[SECRET_ENV].encode("utf-8"), "entorno"
@@ -60,5 +71,5 @@ def resolve(secret_file: str | Path | None = None, nonce: str | None = None) -> 
         secret, source = secrets.token_bytes(32), "generado"
     nonce = nonce if nonce is not None else os.environ.get(NONCE_ENV) or secrets.token_hex(8)
     if not nonce or len(nonce) > 200 or not nonce.isprintable():
-        raise ValueError("--nonce espera un texto imprimible de 1 a 200 caracteres")
+        raise SecretError("--nonce espera un texto imprimible de 1 a 200 caracteres")
     return RunSecret(secret, source, nonce)
