@@ -206,7 +206,11 @@ class FunctionWorker:
         self._buffer = b""
         threading.Thread(target=self._drain, args=(self.proc,), daemon=True).start()
         self._write(json.dumps(self.job).encode("utf-8") + b"\n")
-        self.ready = self._read(STARTUP_LIMIT_S + 10 * len(self.job.get("statements", ())))
+        ready = self._read(STARTUP_LIMIT_S + 10 * len(self.job.get("statements", ())))
+        # What the worker says it defined: untrusted, kept only as strings.
+        self.ready = {key: {str(k)[:100]: str(v)[:4000] for k, v in ready.get(key).items()}
+                      if isinstance(ready.get(key), dict) else {}
+                      for key in ("kinds", "failures", "delegation")}
         if self.current is not None:
             self.request({"op": "begin", "name": self.current})
         return self.ready
