@@ -1,7 +1,9 @@
-"""The autograder against dishonest submissions (issue 21): each attack is a small notebook
-built here from lab 2's solution, graded together with honest ones in one CLI run. None
+"""The autograder against dishonest submissions (issues 21 and 26): each attack is a small
+notebook built here from lab 2's solution, graded together with honest ones in one CLI run. None
 scores above its honest content, no other student's grade or file changes, and the grader
-always writes a gradebook. Cheap by design: no lab experiment runs; the contract is a
+always writes a gradebook. Issue 26's attacks aim at the process that decides the grade (its
+frames, its __main__, the library it computes expected values with, the hidden checks' text):
+none of them runs there any more, and the references are not in the worker's library. Cheap by design: no lab experiment runs; the contract is a
 synthetic one that the notebook builds from its own ``seed`` and ``profile``."""
 
 from __future__ import annotations
