@@ -50,6 +50,11 @@ def small():
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The grader draws its hidden cases from a secret and a nonce (issue 26): fixed for the suite
+# (and for the graders it starts), so that grading a folder twice gives the same files.
+os.environ.setdefault("AI_EVOLUTION_GRADING_SECRET", "secreto-de-las-pruebas")
+os.environ.setdefault("AI_EVOLUTION_GRADING_NONCE", "pruebas")
+
 
 def _jupyter_book() -> str:
     candidate = Path(sys.executable).with_name("jupyter-book")

@@ -918,7 +918,7 @@ def test_solution_untouched_and_broken_notebooks_get_the_right_rows(realistic):
     untouched_fb = (out / "feedback" / "sin_tocar.md").read_text(encoding="utf-8")
     assert untouched_fb.count("ejercicio sin resolver") == 4
     assert (out / "executed" / "solucion.ipynb").is_file()
-    assert elapsed < 400
+    assert elapsed < 900  # the whole adversarial run (see test_grading_adversarial)
 
 
 def cheap_folder(folder: Path) -> None:
@@ -973,10 +973,12 @@ def test_misbehaving_notebooks_are_recorded_and_grading_twice_gives_the_same_fil
     assert loop["status"] == "timeout" and "while True" in loop["reason"]
     assert "15 s por celda" in loop["reason"]
     assert "después del bucle" in (tmp_path / "una" / "executed" / "bucle.ipynb").read_text()
-    # Importing the library's fit_growth is delegation: 0 for that exercise, and flagged.
+    # Importing the library's fit_growth is delegation: the worker's library has no reference
+    # to delegate to (0 for that exercise), and the delegation walk flags it.
     assert points(loop, a) == ex1
     loop_fb = (tmp_path / "una" / "feedback" / "bucle.md").read_text(encoding="utf-8")
-    assert "delega en la biblioteca" in loop_fb and "ai_evolution.timing:fit_growth" in loop_fb
+    assert "no está disponible en el corrector" in loop_fb
+    assert "delegar en la biblioteca" in loop_fb and "ai_evolution.timing:fit_growth" in loop_fb
     files = book["borra_archivos"]
     assert files["status"] == "no_contract" and points(files, a) == ex1
     assert book["sin_contrato"]["status"] == "no_contract"

@@ -1,7 +1,9 @@
-"""The autograder against dishonest submissions (issue 21): each attack is a small notebook
-built here from lab 2's solution, graded together with honest ones in one CLI run. None
+"""The autograder against dishonest submissions (issues 21 and 26): each attack is a small
+notebook built here from lab 2's solution, graded together with honest ones in one CLI run. None
 scores above its honest content, no other student's grade or file changes, and the grader
-always writes a gradebook. Cheap by design: no lab experiment runs; the contract is a
+always writes a gradebook. Issue 26's attacks aim at the process that decides the grade (its
+frames, its __main__, the library it computes expected values with, the hidden checks' text):
+none of them runs there any more, and the references are not in the worker's library. Cheap by design: no lab experiment runs; the contract is a
 synthetic one that the notebook builds from its own ``seed`` and ``profile``."""
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import contextlib
 import csv
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -32,6 +35,7 @@ from test_grading import good_measurement, synthetic_contract
 
 ROOT = Path(__file__).resolve().parents[1]
 KV = ROOT / "labs" / "02-kv-cache"
+HIDDEN_KV = ROOT / "assessments" / "02-kv-cache" / "hidden_checks.py"
 ESCAPE_SECONDS = "4321.5"  # a sleep nobody else runs: the escaped process, if it survived
 
 
@@ -169,6 +173,119 @@ HIDE_ERRORS = """get_ipython().set_custom_exc((Exception,), lambda *a, **k: None
 """
 
 
+# --- issue 26: attacks on the checker's process (none of them runs there any more) ----------------
+
+STUBS = [f"def {name}(*args, **kwargs):\n    raise NotImplementedError('sin hacer')\n"
+         for name in ("kv_bytes_per_token", "my_cached_attention", "fit_growth",
+                      "sequences_that_fit")]
+
+# A class body (run when the class is defined) takes over the process's __main__ module, and
+# every exercise delegates to the library's reference by a route no static screen follows.
+CLASS_BODY_AND_ROUTES = [
+    """import functools, operator
+import torch
+import ai_evolution
+import ai_evolution.timing
+class _Toma:
+    import torch as _t
+    _m = _t.sys.modules["__main__"]
+    _m.grade_function = lambda *a, **k: {"passed": True, "message": "ok", "stage": None, "cases": 1}
+    _m.checker_main = _m.grade_function
+""",
+    """def kv_bytes_per_token(config, dtype):
+    return torch.sys.modules["ai_evolution.model.memory"].kv_bytes_per_token(config, dtype)
+""",
+    """def my_cached_attention(q, k_new, v_new, k_cache, v_cache, positions):
+    import ai_evolution.model.attention as _a
+    return operator.attrgetter("cached_attention")(_a)(q, k_new, v_new, k_cache, v_cache, positions)
+""",
+    """def fit_growth(n, t):
+    return functools.reduce(getattr, ["timing", "fit_growth"], ai_evolution)(n, t)
+""",
+    """def sequences_that_fit(*args):
+    m = torch.sys.modules["importlib"].import_module("ai_evolution.checks.kv_cache")
+    return getattr(m, "reference_sequences_that_fit")(*args)
+"""]
+
+# An exercise walks up its frames to whatever holds a channel, forges answers on it and exits.
+FRAMES_TO_CHANNEL = """import torch
+def kv_bytes_per_token(config, dtype):
+    s = torch.sys
+    f = s._getframe(0)
+    while f is not None:
+        for v in list(getattr(f, "f_locals").values()):
+            if hasattr(v, "send"):
+                for cid in ("kv_bytes_per_token", "cached_attention", "fit_growth",
+                            "sequences_that_fit"):
+                    v.send({"criterion": cid, "outcome": {"passed": True, "message": "ok"}})
+                v.send({"result": 0, "updates": []})
+        f = getattr(f, "f_back")
+    s.exit(0)
+"""
+
+# The kernel swallows its own errors with a handler installed through names built from pieces.
+HIDE_ERRORS_BY_PIECES = """_ip = globals()["get_" + "ipython"]()
+getattr(_ip, "set_" + "custom_exc")((Exception,), lambda *a, **k: None)
+1 / 0
+"""
+
+# An exercise returns the `expected` of the check that calls it; another reads the hidden checks
+# and raises their text, hoping it reaches the feedback.
+EXPECTED_FROM_CALLER = """import torch
+def sequences_that_fit(*args):
+    s = torch.sys
+    f = s._getframe(1)
+    while f is not None:
+        seen = getattr(f, "f_locals")
+        if "expected" in seen:
+            return seen["expected"]
+        f = getattr(f, "f_back")
+    return {}
+"""
+
+READ_HIDDEN = """import torch
+def fit_growth(n, t):
+    b = torch.sys.modules["builtins"]
+    with getattr(b, "open")({path!r}) as fh:
+        raise ValueError(fh.read()[:1500])
+"""
+
+# A class body rewrites a library table in place (same objects: nothing changes identity) so
+# that a wrong formula agrees with it; another exercise is a literal table of every case the
+# grader used to run.
+TABLE_IN_PLACE = """import torch
+class _Ajusta:
+    import torch as _t
+    _d = _t.sys.modules["ai_evolution.model.memory"]._DTYPE_BYTES
+    for _k in list(_d):
+        _d[_k] = 4.0
+def kv_bytes_per_token(config, dtype):
+    return 2.0 * config.num_layers * config.num_kv_heads * config.head_dim * 4.0
+"""
+
+
+def literal_table() -> str:
+    """``sequences_that_fit`` as a lookup of the public cases and of the edge cases the grader
+    ran before they were drawn from the secret (the answers computed here, with the library)."""
+    from ai_evolution.checks.kv_cache import budget_cases, reference_sequences_that_fit
+    from ai_evolution.model import get_preset, kv_bytes_per_token, weight_bytes
+
+    cfg = get_preset("llama-3.1-8b")
+    w, block, act = weight_bytes(cfg, "bf16"), kv_bytes_per_token(cfg, "bf16") * 16, 2**30
+    old_edges = [(cfg, w + act + 5 * 256 * block, 1.0, act, "bf16", "bf16", 16, 4096),
+                 (cfg, w + act + 5 * 256 * block - 1, 1.0, act, "bf16", "bf16", 16, 4096),
+                 (cfg, w + act, 1.0, act, "bf16", "bf16", 16, 4096),
+                 (cfg, w + act + 5 * 256 * block, 1.0, act, "bf16", "bf16", 16, 4097),
+                 (cfg, w + 3 * 4096 * block / 16, 1.0, 0.0, "bf16", "bf16", 1, 4096),
+                 (get_preset("qwen3-0.6b"), 12e9, 0.95, 0.0, "bf16", "int4", 16, 131072)]
+    table = {repr((c.name, *rest)): reference_sequences_that_fit(c, *rest)
+             for c, *rest in budget_cases() + old_edges}
+    return (f"_TABLE = {table!r}\n"
+            "def sequences_that_fit(config, *rest):\n"
+            "    return _TABLE.get(repr((config.name, *rest)), {'kv_budget_bytes': 0.0, "
+            "'num_blocks': 0, 'max_tokens': 0, 'sequences': 0})\n")
+
+
 def attack_folder(folder: Path) -> dict[str, int]:
     """Write the submissions; return the most each may score (its honest content)."""
     folder.mkdir()
@@ -189,6 +306,14 @@ def attack_folder(folder: Path) -> dict[str, int]:
         "para_worker": (honest(STOP_WORKER), 9),
         "escapa": (honest(ESCAPE), 13),
         "oculta_errores": (honest(HIDE_ERRORS), 13 - 1),
+        # issue 26: the checker runs none of the submitted code.
+        "clase_y_rutas": (honest(exercises=CLASS_BODY_AND_ROUTES), 13 - 9),
+        "marcos_y_kernel": (honest(HIDE_ERRORS_BY_PIECES,
+                                   exercises=[FRAMES_TO_CHANNEL] + solved[1:]), 13 - 1 - 2),
+        "espia": (honest(exercises=solved[:2] + [READ_HIDDEN.format(path=str(HIDDEN_KV)),
+                                                 EXPECTED_FROM_CALLER]), 13 - 2 - 2),
+        "tabla": (honest(exercises=[TABLE_IN_PLACE] + solved[1:3] + [literal_table()]),
+                  13 - 2 - 2),
     }
     if isolation() == "bwrap":  # in a session of its own a notebook can write the user's files
         subs["vecino"] = (honest(NEIGHBOUR.format(folder=str(folder),
@@ -218,7 +343,7 @@ def grade_attacks(base: Path) -> dict:
     done = subprocess.run([sys.executable, "-m", "ai_evolution.grading", "--lab", "kv_cache",
                            str(folder), "--out", str(out), "--timeout", "150", "--cell-timeout",
                            "60", "--memory-mb", "4096", "--jobs", "2"],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1500)
     elapsed = time.monotonic() - start
     time.sleep(1)
     survivors = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
@@ -239,9 +364,10 @@ def test_the_grader_writes_a_gradebook_and_survives_every_attack(attacked):
     assert sorted(book) == sorted(attacked["most"])
     assert not attacked["survivors"], attacked["survivors"]  # the escaped process was killed
     assert {r["isolation"] for r in book.values()} == {isolation()}
-    # 13 cheap notebooks of ~10 s each and lab 2 run in full (~30 s) on two workers; the
-    # stopped worker is killed 3 s after it stops, not at its 150 s limit.
-    assert attacked["elapsed"] < 400
+    # 17 cheap notebooks of ~10 s each and lab 2 run in full (~30 s) on two workers, each
+    # followed by its checker and function worker (~10-30 s: two interpreters, the model for
+    # the attention step); the stopped worker is killed 3 s after it stops, not at its limit.
+    assert attacked["elapsed"] < 900
 
 
 def test_no_attack_scores_above_its_honest_content(attacked):
@@ -251,7 +377,8 @@ def test_no_attack_scores_above_its_honest_content(attacked):
     # ...and the honest parts of each attack still count (one mistake costs one criterion).
     assert book["honesto"]["total"] == "13" and book["honesto"]["status"] == "ok"
     for sid in ("parchea_kernel", "parchea_ejercicio", "marcos", "reasigna_semilla", "reescribe",
-                "mata_worker", "para_worker", "oculta_errores", "importa_referencias"):
+                "mata_worker", "para_worker", "oculta_errores", "importa_referencias",
+                "clase_y_rutas", "espia"):
         assert float(book[sid]["total"]) == attacked["most"][sid], (sid, book[sid])
 
 
@@ -262,10 +389,12 @@ def test_each_attack_loses_the_right_criteria_with_a_reason(attacked):
     refs = book["importa_referencias"]
     assert [refs[c] for c in ("kv_bytes_per_token", "cached_attention", "fit_growth",
                               "sequences_that_fit")] == ["0"] * 4
-    assert feedback["importa_referencias"].count("delega en la biblioteca") == 6  # 3 + 3 flags
-    # The fourth imports from ai_evolution.checks: that import never runs in the checker.
-    assert "reference_sequences_that_fit" not in feedback["importa_referencias"] or \
-        "no se encontró `sequences_that_fit`" in feedback["importa_referencias"]
+    # The references are not in the worker's library: the three imports reach a stub (and the
+    # delegation walk flags them for a human); the fourth imports from ai_evolution.checks,
+    # which the screen keeps out of exercise code.
+    assert feedback["importa_referencias"].count("no está disponible en el corrector") >= 3
+    assert feedback["importa_referencias"].count("parece delegar en la biblioteca") == 3
+    assert "no se encontró `sequences_that_fit`" in feedback["importa_referencias"]
     assert book["parchea_kernel"]["kv_bytes_per_token"] == "0"
     assert "ai_evolution.grading" in feedback["parchea_kernel"]  # flagged for a human
     assert book["parchea_ejercicio"]["kv_bytes_per_token"] == "0"
@@ -282,6 +411,44 @@ def test_each_attack_loses_the_right_criteria_with_a_reason(attacked):
     assert stopped["status"] == "crashed" and "SIGSTOP" in stopped["reason"]
     hidden = book["oculta_errores"]
     assert hidden["runs"] == "0" and "set_custom_exc" in feedback["oculta_errores"]
+
+
+FUNCTIONS = ("kv_bytes_per_token", "cached_attention", "fit_growth", "sequences_that_fit")
+
+
+def test_attacks_on_the_checkers_process_find_nothing_to_attack(attacked):
+    """Issue 26: the exercise code runs in a jailed worker with a library without the
+    references; the checks, the expected values and the channel to the grader are elsewhere."""
+    out = attacked["out"]
+    book = rows(out / "gradebook.csv")
+    feedback = {sid: (out / "feedback" / f"{sid}.md").read_text(encoding="utf-8") for sid in book}
+    # A class body replacing __main__'s functions, and delegation by torch.sys.modules,
+    # operator.attrgetter, functools.reduce(getattr, ...) and getattr(module, "name").
+    routes = book["clase_y_rutas"]
+    assert [routes[c] for c in FUNCTIONS] == ["0"] * 4, routes
+    assert feedback["clase_y_rutas"].count("no está disponible en el corrector") == 4
+    # Frames walked up to a channel, forged answers, exit; the kernel hiding its own error.
+    frames = book["marcos_y_kernel"]
+    assert frames["kv_bytes_per_token"] == "0" and frames["runs"] == "0", frames
+    assert "el kernel no mostró este error" in feedback["marcos_y_kernel"]
+    # f_locals["expected"] of the caller; the hidden checks opened and raised.
+    spy = book["espia"]
+    assert (spy["fit_growth"], spy["sequences_that_fit"]) == ("0", "0"), spy
+    private = [ln.strip() for ln in HIDDEN_KV.read_text(encoding="utf-8").splitlines()
+               if ln.startswith("def _")]  # the hidden checks' own helpers: nowhere public
+    assert len(private) >= 4
+    for sid, text in feedback.items():
+        assert not [ln for ln in private if ln[:20] in text], sid
+        assert "assessments/" not in text and "hidden_checks" not in text, sid
+    # A library table rewritten in place for a wrong formula; a literal table of old cases.
+    table = book["tabla"]
+    assert (table["kv_bytes_per_token"], table["sequences_that_fit"]) == ("0", "0"), table
+    # Hidden cases come from the run's secret: the nonce is recorded, the secret is not.
+    text = (out / "run.json").read_text(encoding="utf-8")
+    run = json.loads(text)
+    assert (run["lab"], run["nonce"], run["secret_source"]) == ("kv_cache", "pruebas", "entorno")
+    assert len(run["secret_fingerprint"]) == 16
+    assert os.environ["AI_EVOLUTION_GRADING_SECRET"] not in text
 
 
 def test_no_other_students_file_or_grade_changes(attacked):
@@ -429,6 +596,16 @@ def test_merge_joins_shards_into_the_gradebook_of_one_run(tmp_path):
     assert (merged / "gradebook.csv").read_text(encoding="utf-8") == \
         header + "a,0,0,1,error,\"x, y\",bwrap\nb,1,1,1,ok,,bwrap\nc,1,1,1,ok,,bwrap\n"
     assert sorted(p.name for p in (merged / "feedback").iterdir()) == ["a.md", "b.md", "c.md"]
+    # The shards of one run share its nonce; shards graded with other nonces do not merge.
+    for folder in (one, two):
+        (folder / "run.json").write_text('{"nonce": "n1"}\n', encoding="utf-8")
+    merge_outputs([one, two], tmp_path / "con_nonce")
+    assert (tmp_path / "con_nonce" / "run.json").read_text(encoding="utf-8") == '{"nonce": "n1"}\n'
+    (two / "run.json").write_text('{"nonce": "n2"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="nonces distintos"):
+        merge_outputs([one, two], tmp_path / "mezcla")
+    (two / "run.json").unlink()
+    (one / "run.json").unlink()
     with pytest.raises(ValueError, match="dos libros"):
         merge_outputs([one, one], tmp_path / "doble")
     (two / "gradebook.csv").write_text("student_id,otra\n", encoding="utf-8")
@@ -460,10 +637,11 @@ def test_a_shard_grades_only_its_students(tmp_path):
 
 @pytest.mark.parametrize("kind", ["roofline", "kv_cache", "continuous_batching",
                                   "paged_attention", "scheduler", "observability",
-                                  "quantization", "speculative"])
+                                  "quantization", "flash_attention", "speculative"])
 def test_each_lab_solution_rebuilt_in_the_checker_gets_every_function_point(kind, tmp_path):
     """The screen accepts the solutions' exercise cells, the lab's setup imports are enough to
-    rebuild them, no delegation is seen and the integrity check finds nothing (~5 s a lab)."""
+    rebuild them in the function worker (on the library without the lab's references), no
+    delegation is seen, and every check passes through the plain-data proxy (~20-60 s a lab)."""
     import ast
 
     from ai_evolution.grading import setup_lines
@@ -515,3 +693,80 @@ print(json.dumps({{
     assert seen["library"] and seen["scratch_writable"]
     assert not (seen["assessments"] or seen["tests"] or seen["library_writable"])
     assert len(seen["pids"]) <= 3 and seen["interfaces"] == ["lo"]
+
+
+# --- the function worker, driven directly (one worker start, a few seconds) -----------------------
+
+WORKER_CODE = {
+    "subclass": "def subclass():\n    class D(dict):\n        pass\n    return D(a=1)\n",
+    "custom": "def custom():\n    class C:\n        pass\n    return [C()]\n",
+    "huge": "def huge():\n    return 'x' * (70 * 2 ** 20)\n",
+    "hang": "def hang():\n    while True:\n        pass\n",
+    "flood": "def flood():\n    for _ in range(200):\n        print('x' * 100000)\n    return 1\n",
+    "leave": "def leave():\n    s = torch.sys\n    s.modules['os']._exit(3)\n",
+    "routes": ("def routes(config):\n"
+               "    m = torch.sys.modules['importlib'].import_module('ai_evolution.model.memory')\n"
+               "    return functools.reduce(getattr, ['kv_bytes_per_token'], m)(config, 'fp16')\n"),
+    "peek": ("def peek():\n    b = torch.sys.modules['builtins']\n"
+             "    with getattr(b, 'open')({path!r}) as fh:\n        raise ValueError(fh.read())\n"),
+    "write": "def write(cache):\n    cache[0, 1] = 5.0\n    return cache.sum()\n",
+    "frames": ("def frames():\n    s = torch.sys\n    f, names = s._getframe(0), []\n"
+               "    while f is not None:\n        names += list(getattr(f, 'f_locals'))\n"
+               "        f = getattr(f, 'f_back')\n    return sorted(set(names))\n"),
+}
+
+
+def test_the_worker_answers_plain_data_only_and_survives_what_its_code_does(tmp_path):
+    """A returned subclass or custom object fails the call with a Spanish reason; a huge answer
+    is refused; a hang or an exit costs that call and the worker restarts; printing floods
+    nothing; the references are not in its library; the hidden checks are not readable (with
+    bubblewrap) and never reach a message; in-place writes come back; its frames hold nothing
+    of the checker's."""
+    import torch
+
+    from ai_evolution.grading import stripped
+    from ai_evolution.grading.proxy import FunctionWorker, StudentError, WorkerLost, redactor
+
+    a = find_assessment("kv_cache")
+    library = stripped.build(a, tmp_path / "lib")
+    code = {k: v.format(path=str(HIDDEN_KV)) for k, v in WORKER_CODE.items()}
+    statements = [{"cell": 1, "source": "import functools\nimport torch", "defines": ["torch"]}] + \
+        [{"cell": i + 2, "source": src, "defines": [name]} for i, (name, src) in enumerate(code.items())]
+    job = {"setup": [], "statements": statements, "seed": 0, "params": {}, "memory_mb": 4096,
+           "graded": [{"name": n, "reference": "ai_evolution.model:kv_bytes_per_token",
+                       "delegates": [], "methods": []} for n in code]}
+    worker = FunctionWorker(job, library, isolation(), 4096, tmp_path / "w.log", {},
+                            redact=redactor(HIDDEN_KV.parent), call_limit_s=8)
+    try:
+        ready = worker.start()
+        assert set(ready["kinds"]) == set(code), ready
+        for name in ("subclass", "custom", "huge"):
+            with pytest.raises(StudentError) as err:
+                worker.call(name, (), {})
+            assert "no puede cruzar" in err.value.feedback or "MiB" in err.value.feedback
+        with pytest.raises(WorkerLost, match="superó 8 s"):
+            worker.call("hang", (), {})
+        assert worker.call("flood", (), {}) == 1  # restarted, and prints go nowhere
+        with pytest.raises(WorkerLost, match="terminó"):
+            worker.call("leave", (), {})
+        with pytest.raises(NotImplementedError, match="no está disponible en el corrector"):
+            worker.call("routes", (get_preset_config(),), {})
+        with pytest.raises(StudentError) as err:
+            worker.call("peek", (), {})
+        text = HIDDEN_KV.read_text(encoding="utf-8")
+        assert "def _kv_bytes_edges" in text and "_kv_bytes_edges" not in err.value.feedback
+        assert "assessments" not in err.value.feedback
+        if isolation() == "bwrap":
+            assert "FileNotFoundError" in err.value.feedback
+        cache = torch.zeros(2, 3)
+        assert worker.call("write", (cache,), {}).item() == 5.0 and cache[0, 1].item() == 5.0
+        seen = worker.call("frames", (), {})
+        assert not {"expected", "key", "channel", "ctx", "assessment"} & set(seen), seen
+    finally:
+        worker.stop()
+
+
+def get_preset_config():
+    from ai_evolution.model import get_preset
+
+    return get_preset("llama-3.1-8b")

@@ -65,14 +65,18 @@ def self_check(check):
 def call_student(name: str, fn, *args, **kwargs):
     """Call the student's function; turn a crash into a failed check that names the exception.
 
-    NotImplementedError passes through untouched: its message is the exercise's hint.
+    NotImplementedError passes through untouched: its message is the exercise's hint. In the
+    autograder ``fn`` is a proxy to the student's code in another process
+    (``ai_evolution.grading.proxy``); its errors carry their own description (``feedback``:
+    the exception's type name and a cleaned message, or a result that cannot cross).
     """
     try:
         return fn(*args, **kwargs), None
     except NotImplementedError:
         raise
     except Exception as err:  # noqa: BLE001 - any crash of student code is a finding
-        return None, f"su función lanzó {type(err).__name__}: {err}"
+        return None, getattr(err, "feedback", None) or \
+            f"su función lanzó {type(err).__name__}: {err}"
 
 
 @self_check

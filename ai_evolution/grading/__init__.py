@@ -9,12 +9,14 @@
    for the whole notebook, a per-cell limit and a memory bound. Nothing the kernel writes is a
    result: the grader keeps only each cell's errors and the contract a last, appended cell
    prints, returned by the worker through a channel the kernel cannot reach.
-2. **Check** (``rebuild``, ``checker``): the exercise functions are rebuilt from the submitted
-   file itself (its definition statements, screened, on top of the lab's setup imports) in a
-   fresh, equally isolated interpreter, where the public and hidden checks of
-   ``assessments/NN-name/hidden_checks.py`` run against a freshly imported library. A
-   function that delegates to the library's reference scores 0 for its criterion. A notebook
-   that times out or crashes still has every function graded.
+2. **Check** (``rebuild``, ``checker``, ``worker``, ``proxy``): the exercise functions are
+   rebuilt from the submitted file itself (its definition statements, screened, on top of the
+   lab's setup imports) in a jailed *function worker* whose library lacks the lab's graded
+   references (``stripped``); the trusted checker, which runs no submitted code, draws the
+   hidden cases of ``assessments/NN-name/hidden_checks.py`` from the instructor's secret
+   (``secret``), computes the expected values and calls the worker through proxies that carry
+   plain data only (``codec``). A notebook that times out or crashes still has every function
+   graded.
 3. **Score** (``score``): the contract is validated against the library's schema (kind, seed,
    profile, parameters; no cell may rebind the injected parameters) and the challenge's
    ``student_extension`` is checked; each criterion of ``rubric.json`` earns all its points
@@ -22,8 +24,9 @@
 4. **Report** (``report``): ``gradebook.csv`` (student_id, one column per criterion, total,
    max_total, status, reason, isolation) and ``feedback/<student_id>.md`` in Spanish.
 
-Everything written is deterministic for one folder and one seed (no dates or timings), so
-grading twice gives the same files. ``--shard i/n`` grades a deterministic subset and
+Everything written is deterministic for one folder, one seed, one secret and one nonce (no
+dates or timings), so grading twice with them gives the same files (``run.json`` records the
+nonce). ``--shard i/n`` grades a deterministic subset and
 ``python -m ai_evolution.grading merge`` joins the shards' outputs. The instructor's guide
 (``book/instructor-guide.md``) explains the workflow and how to add a lab.
 """
@@ -94,7 +97,7 @@ def setup_lines(lab_folder: Path) -> tuple[str, ...]:
 
 def grade_one(sid: str, path: Path, data: bytes, assessment: Assessment, seed: int,
               timeout_s: float, cell_timeout_s: float, memory_mb: int, stage_limit_s: float,
-              log_dir: Path) -> tuple[Grade, RunInfo]:
+              log_dir: Path, run_secret=None) -> tuple[Grade, RunInfo]:
     """Grade one submission from ``data``, its bytes as read before grading started (another
     notebook rewriting the file meanwhile changes nothing)."""
     import ast
@@ -106,6 +109,7 @@ def grade_one(sid: str, path: Path, data: bytes, assessment: Assessment, seed: i
 
     log_dir.mkdir(parents=True, exist_ok=True)
     info = run_notebook(data, assessment, seed, timeout_s, cell_timeout_s, memory_mb, log_dir)
+    _redact_run(info, assessment)
     if info.status == "invalid":
         return score(sid, path.name, info, assessment, seed), info
     nb = nbformat.reads(data.decode("utf-8"), as_version=4)
@@ -113,13 +117,26 @@ def grade_one(sid: str, path: Path, data: bytes, assessment: Assessment, seed: i
     setup_names = {n for line in setup for stmt in ast.parse(line).body
                    for n in ([a.asname or a.name.split(".")[0] for a in stmt.names])}
     found = extract(nb, setup_names)
-    functions, check_flags = check_functions(assessment, seed, found, stage_limit_s, memory_mb,
-                                             log_dir, setup)
+    functions, check_flags = check_functions(
+        assessment, seed, found, stage_limit_s, memory_mb, log_dir, setup,
+        secret=run_secret.secret if run_secret else None,
+        nonce=run_secret.nonce if run_secret else "")
     rebinds, tampering = parameter_rebinds(nb), kernel_tampering(nb)
     flags = flags_for(nb) + [f"{r} (la semilla o el perfil inyectados)" for r in rebinds] + \
         check_flags
     grade = score(sid, path.name, info, assessment, seed, functions, flags, rebinds, tampering)
     return grade, info
+
+
+def _redact_run(info: RunInfo, assessment: Assessment) -> None:
+    """No text of the assessment's files in what the feedback quotes from the kernel (a
+    notebook can read them only in the session fallback)."""
+    from .proxy import assessment_redactor
+
+    redact = assessment_redactor(assessment)
+    info.reason = redact(info.reason) if info.reason else info.reason
+    for error in info.errors:
+        error["evalue"] = redact(error["evalue"])
 
 
 def shard_of(student_id: str, n: int) -> int:
@@ -141,10 +158,16 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
                  memory_mb: int = DEFAULTS["memory_mb"], jobs: int = 1, seed: int = 0,
                  assessments_dir: str | Path | None = None, keep_scratch: bool = False,
                  stage_limit_s: float = DEFAULTS["stage_limit_s"],
-                 log: TextIO | None = None, shard: tuple[int, int] | None = None) -> list[Grade]:
+                 log: TextIO | None = None, shard: tuple[int, int] | None = None,
+                 secret_file: str | Path | None = None, nonce: str | None = None) -> list[Grade]:
     """Grade every ``*.ipynb`` in ``folder`` (or, with ``shard=(i, n)``, those of shard ``i``);
-    write the reports under ``out`` (default ``folder/grading``); return the grades sorted by
-    student id."""
+    write the reports under ``out`` (default ``folder/grading``) and ``run.json`` (the nonce
+    and the secret's fingerprint, :mod:`.secret`); return the grades sorted by student id."""
+    from .secret import GENERATED_WARNING, resolve
+
+    run_secret = resolve(secret_file, nonce)
+    if run_secret.source == "generado" and log is not None:
+        print(GENERATED_WARNING, file=log, flush=True)
     assessment = find_assessment(kind, assessments_dir)
     folder = Path(folder)
     out = Path(out) if out else folder / "grading"
@@ -167,7 +190,7 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
     def job(item: tuple[int, tuple[str, Path]]) -> Grade:
         n, (sid, path) = item
         grade, info = grade_one(sid, path, contents[sid], assessment, seed, timeout_s,
-                                cell_timeout_s, memory_mb, stage_limit_s, logs / sid)
+                                cell_timeout_s, memory_mb, stage_limit_s, logs / sid, run_secret)
         if info.executed is not None:
             executed[sid] = info.executed
         if log is not None:
@@ -191,6 +214,7 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
         (out / "executed" / f"{sid}.ipynb").write_text(
             json.dumps(nb, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     write_reports(grades, assessment, seed, out)
+    (out / "run.json").write_text(run_secret.record(kind, seed), encoding="utf-8")
     return grades
 
 
@@ -216,7 +240,17 @@ def merge_outputs(parts: list[str | Path], out: str | Path) -> int:
                 rows[row[0]] = row
     if header is None:
         raise ValueError("no hay libros de notas que unir")
+    runs = set()  # the shards of one run share its secret and nonce (run.json)
+    for part in map(Path, parts):
+        run = (part if part.is_dir() else part.parent) / "run.json"
+        if run.is_file():
+            runs.add(run.read_text(encoding="utf-8"))
+    if len(runs) > 1:
+        raise ValueError("los fragmentos se corrigieron con secretos o nonces distintos (run.json "
+                         "no coincide): corrija todos con el mismo --secret-file y --nonce")
     out.mkdir(parents=True, exist_ok=True)
+    if runs:
+        (out / "run.json").write_text(runs.pop(), encoding="utf-8")
     for part in map(Path, parts):
         folder = part if part.is_dir() else part.parent
         for sub in ("feedback", "executed"):

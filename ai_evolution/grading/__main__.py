@@ -21,6 +21,7 @@ from pathlib import Path
 from . import DEFAULTS, grade_folder, merge_outputs, parse_shard
 from .assessment import AssessmentError, available_kinds
 from .sandbox import set_subreaper
+from .secret import SecretError
 
 
 def merge_main(argv: list[str]) -> int:
@@ -61,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="carpeta de evaluaciones (por defecto assessments/ del repositorio)")
     parser.add_argument("--keep-scratch", action="store_true",
                         help="no borrar los registros de ejecución (para depurar)")
+    parser.add_argument("--secret-file", type=Path, default=None,
+                        help="archivo con el secreto del que salen los casos ocultos (o la "
+                             "variable AI_EVOLUTION_GRADING_SECRET; sin ninguno, se genera uno)")
+    parser.add_argument("--nonce", default=None,
+                        help="nonce de la ejecución (por defecto, aleatorio; queda en run.json)")
     parser.add_argument("--shard", default=None,
                         help="corregir solo el fragmento i de n (i/n, por ejemplo 2/8)")
     args = parser.parse_args(argv)
@@ -76,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         grades = grade_folder(args.lab, args.folder, out=args.out, timeout_s=args.timeout,
                               cell_timeout_s=args.cell_timeout, memory_mb=args.memory_mb,
                               jobs=args.jobs, seed=args.seed, assessments_dir=args.assessments,
-                              keep_scratch=args.keep_scratch, log=sys.stderr, shard=shard)
+                              keep_scratch=args.keep_scratch, log=sys.stderr, shard=shard,
+                              secret_file=args.secret_file, nonce=args.nonce)
+    except SecretError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except (AssessmentError, ValueError) as err:
         kinds = ", ".join(available_kinds(args.assessments))
         print(f"error: {err} (laboratorios con evaluación: {kinds})", file=sys.stderr)

@@ -40,9 +40,9 @@ from typing import Any, Callable, Iterable
 from ..checks import CheckResult
 
 TYPES = ("runs", "function", "contract", "extension")
-# Hidden seeds are the notebook's seed plus these offsets (a hidden_checks module may override
-# them with HIDDEN_SEED_OFFSETS).
-HIDDEN_SEED_OFFSETS = (7919, 104729)
+# How many hidden seeds a check gets (a hidden_checks module may set its own HIDDEN_SEED_COUNT);
+# their values are drawn from the grading secret (Context.draw).
+HIDDEN_SEED_COUNT = 2
 
 
 def default_assessments_dir() -> Path:
@@ -95,12 +95,26 @@ def hidden(check: Callable[..., CheckResult], *args: Any, **kwargs: Any) -> Stag
 
 @dataclass
 class Context:
-    """What a hidden check may use besides the student's object."""
+    """What a hidden check may use besides the student's object. ``hidden_seeds`` and
+    :meth:`rng` are drawn from the instructor's secret and the run's nonce (see
+    :func:`derive`): a student who knows every public case still cannot know these."""
 
     kind: str
     seed: int
     hidden_seeds: tuple[int, ...]
+    secret: bytes = field(default=b"", repr=False)
+    nonce: str = ""
     _model: Any = field(default=None, repr=False)
+
+    def draw(self, label: str) -> int:
+        """A 64-bit integer for ``label``, from the secret, the lab, the nonce and the seed."""
+        return derive(self.secret, self.kind, self.nonce, self.seed, label)
+
+    def rng(self, label: str):
+        """A numpy generator for the hidden cases of ``label`` (an edge-case family)."""
+        import numpy as np
+
+        return np.random.default_rng(self.draw(label))
 
     @property
     def params(self) -> dict:
@@ -149,12 +163,26 @@ class Assessment:
         spec.loader.exec_module(module)
         return module
 
-    def context(self, seed: int) -> Context:
-        offsets = getattr(self.hidden_module, "HIDDEN_SEED_OFFSETS", HIDDEN_SEED_OFFSETS)
-        return Context(self.kind, seed, tuple(seed + o for o in offsets))
+    def context(self, seed: int, secret: bytes | None = None, nonce: str = "") -> Context:
+        """The checks' context. Without ``secret`` (the in-process tests) the hidden seeds are
+        drawn from an empty key: fixed for a seed, as reproducible as the tests need."""
+        count = int(getattr(self.hidden_module, "HIDDEN_SEED_COUNT", HIDDEN_SEED_COUNT))
+        key = secret or b""
+        seeds = tuple(derive(key, self.kind, nonce, seed, f"hidden-{i}") % 2**31
+                      for i in range(count))
+        return Context(self.kind, seed, seeds, key, nonce)
 
     def stages(self, criterion: Criterion, obj: Any, ctx: Context) -> Iterable[Stage]:
         return getattr(self.hidden_module, criterion.id)(obj, ctx)
+
+
+def derive(secret: bytes, kind: str, nonce: str, seed: int, label: str) -> int:
+    """HMAC-SHA256(secret, lab + nonce + seed + label) as a 64-bit integer."""
+    import hashlib
+    import hmac
+
+    message = "\x00".join((kind, nonce, str(seed), label)).encode("utf-8")
+    return int.from_bytes(hmac.new(secret, message, hashlib.sha256).digest()[:8], "big")
 
 
 def resolve_reference(ref: str) -> Any:

@@ -1,8 +1,8 @@
 """Grading logic on a namespace: the public and hidden checks of each function criterion.
 
-It runs in the checker process (:mod:`.checker`), never in the student's kernel, on a namespace
-rebuilt from the submitted notebook (:mod:`.rebuild`). The tests call :func:`grade_namespace`
-directly with a plain dict.
+It runs in the trusted checker process (:mod:`.checker`), on a namespace of proxies to the
+student's functions in the function worker (:mod:`.proxy`). The tests call
+:func:`grade_namespace` directly with a plain dict of functions.
 
 For each criterion of type ``function``: the name is looked up in the namespace (missing: zero,
 with the reason), the other graded names are bound to the library's references while it is

@@ -3,18 +3,17 @@
 The grader never trusts the kernel that ran the notebook. It reads the submitted ``.ipynb``
 itself and keeps, from every code cell (in order), the statements that *define* something:
 imports, ``def``, ``class`` and assignments whose value is a plain expression (no calls beyond
-a few pure built-ins). Experiments, prints and self-checks are left out. The checker process
-(:mod:`.checker`) executes those statements, one by one, on top of the lab's trusted setup
+a few pure built-ins). Experiments, prints and self-checks are left out. The function worker
+(:mod:`.worker`, jailed) executes those statements, one by one, on top of the lab's trusted setup
 (the import lines of the solution's first cell after ``parameters``, plus ``seed``, ``profile
-= "ci"`` and ``params``) and grades the functions there.
+= "ci"`` and ``params``); the checker (:mod:`.checker`) grades them from another process.
 
 Before anything runs, each kept statement is screened (:func:`screen`): code that imports
 modules outside :data:`ALLOWED_IMPORTS`, reaches into interpreter internals (frames, dunder
 attributes, ``globals``, ``eval``...), writes files, or assigns attributes of imported modules
 or library classes is not executed, and a graded name defined by such a statement scores 0.
-The screen is a fence for exercise code (a few small pure functions and classes), not a
-general Python sandbox; the checker also verifies after every criterion that the library's
-modules are unchanged (:mod:`.checker`).
+The screen keeps exercise code to what an exercise needs; it is not the defence (whatever passes
+it runs in the jailed worker, which holds nothing to attack).
 
 Also here, all static (no execution):
 
@@ -22,7 +21,9 @@ Also here, all static (no execution):
   parameters (the contract would not be the run the grader asked for);
 - :func:`kernel_tampering`: cells that change how the kernel reports errors (``runs`` would
   not mean "ran without errors");
-- :func:`delegation`: a graded object that is, or reaches, the library's reference.
+- :func:`delegation`: a graded object that is, or reaches, the library's reference (run in the
+  worker, a flag for a human: the references are not in the worker's library, see
+  :mod:`.stripped`).
 """
 
 from __future__ import annotations

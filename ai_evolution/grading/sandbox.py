@@ -6,8 +6,10 @@ Process tree of one submission::
       ├─ [bwrap] worker: ``python -m ai_evolution.grading.worker``   (job on stdin, the executed
       │    │              notebook back on a private copy of its stdout)
       │    └─ kernel (ipykernel, started by papermill), which runs the notebook
-      └─ [bwrap] checker: ``python -m ai_evolution.grading.checker`` (see ``checker``), after
-                 the worker, with the exercise statements rebuilt from the submitted file
+      └─ checker (trusted, runs no submitted code): ``python -m ai_evolution.grading.checker``
+           └─ [bwrap] function worker: ``python -m ai_evolution.grading.worker functions``, the
+                      exercise statements rebuilt from the submitted file, on a library
+                      without the lab's references (see ``checker``, ``proxy``, ``stripped``)
 
 Isolation (:func:`isolation`): where ``bwrap`` (bubblewrap) works, each process runs in its own
 PID, network, IPC and UTS namespaces, with the library, the virtual environment and the Python
@@ -22,7 +24,7 @@ through a copy of its stdout that no child inherits, after execution; the worker
 non-dumpable, so the kernel cannot open that descriptor through ``/proc``. From that notebook
 the grader reads only the errors of each cell and the contract the last (grader's) cell prints,
 both validated in the grader. The exercise functions are graded by the checker from the
-submitted file, not from the kernel.
+submitted file, not from the kernel, calling them in the function worker.
 
 Limits: wall clock for the whole notebook (``timeout_s``: the tree is killed), per cell
 (``cell_timeout_s``: nbclient interrupts the cell and goes on), memory (``RLIMIT_AS`` on every
@@ -97,13 +99,16 @@ class RunInfo:
 
 # --- isolation -----------------------------------------------------------------------------------
 
-def _bwrap_base(writable: list[Path], readonly: list[Path]) -> list[str]:
+def _bwrap_base(writable: list[Path], readonly: list[Path],
+                library: Path = PACKAGE_DIR) -> list[str]:
+    """``library``: the package folder bound read-only (the function worker binds its stripped
+    copy instead, and never sees the real one)."""
     cmd = ["bwrap", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys"):
         cmd += ["--ro-bind-try", path, path]
     prefixes = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(),
                 Path(sys.executable).resolve().parent.parent}
-    for path in sorted({*prefixes, PACKAGE_DIR, *readonly}):
+    for path in sorted({*prefixes, Path(library), *readonly}):
         cmd += ["--ro-bind", str(path), str(path)]
     for path in writable:
         cmd += ["--bind", str(path), str(path)]
@@ -294,11 +299,25 @@ def worker_main() -> int:
     answer: dict = {"crash": None, "errors": [], "executed": None}
     set_limits(job["memory_mb"])
     executed = None
+
+    def reply_errors(cell, cell_index, execute_reply):
+        """A cell whose execute_reply says ``error`` but that shows no error output (a custom
+        exception handler installed in the kernel swallowed it) gets one: ``runs`` is read from
+        the reply nbclient received, not from what the kernel chose to display."""
+        content = (execute_reply or {}).get("content", {})
+        if content.get("status") == "error" and not any(
+                o.get("output_type") == "error" for o in cell.get("outputs", [])):
+            cell.setdefault("outputs", []).append(nbformat.v4.new_output(
+                "error", ename=str(content.get("ename") or "Error"),
+                evalue=str(content.get("evalue") or "") + " (el kernel no mostró este error)",
+                traceback=[]))
+
     try:
         executed = papermill.execute_notebook(
             nb, None, parameters={"seed": job["seed"], "profile": "ci"}, cwd=job["work"],
             kernel_name="python3", language="python", progress_bar=False, allow_errors=True,
-            interrupt_on_timeout=True, execution_timeout=job["cell_timeout_s"], start_timeout=120)
+            interrupt_on_timeout=True, execution_timeout=job["cell_timeout_s"], start_timeout=120,
+            on_cell_executed=reply_errors)
     except papermill.PapermillExecutionError:
         pass  # errors stay in the cells' outputs
     except BaseException as err:  # noqa: BLE001 - dead kernel, kernel that did not start, ...

@@ -21,17 +21,26 @@ def kv_bytes_per_token(fn, ctx):
     yield public(checks.check_kv_bytes_per_token, fn, seed=ctx.seed)
     for s in ctx.hidden_seeds:
         yield hidden(checks.check_kv_bytes_per_token, fn, seed=s)
-    yield hidden(_kv_bytes_edges, fn)
+    yield hidden(_kv_bytes_edges, fn, ctx.rng("kv_bytes_edges"))
 
 
-def _kv_bytes_edges(fn, raise_on_fail=False):
-    """Multi-query attention, 4- and 8-bit caches, a head_dim that is not hidden / heads."""
+def _kv_bytes_edges(fn, rng, raise_on_fail=False):
+    """Multi-query attention, 4- and 8-bit caches, a head_dim that is not hidden / heads; the
+    sizes drawn per grading run (``rng``, from the instructor's secret)."""
     name = "bytes de caché KV por token (casos límite)"
-    mqa = ModelConfig(num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=1,
-                      intermediate_size=28672, vocab_size=32000, name="mqa-80-capas")
-    wide = ModelConfig(num_layers=3, hidden_size=96, num_heads=3, num_kv_heads=3, head_dim=160,
+    layers, heads = int(rng.integers(2, 97)), int(rng.choice([8, 16, 32, 64]))
+    mqa = ModelConfig(num_layers=layers, hidden_size=128 * heads, num_heads=heads,
+                      num_kv_heads=1, intermediate_size=4 * 128 * heads, vocab_size=32000,
+                      name=f"mqa-{layers}-capas")
+    width = int(rng.integers(1, 7))
+    wide = ModelConfig(num_layers=int(rng.integers(1, 9)), hidden_size=32 * width,
+                       num_heads=width, num_kv_heads=width, head_dim=int(rng.integers(3, 65)) * 8,
                        intermediate_size=256, vocab_size=500, name="head_dim-explícito")
-    cases = [(mqa, "int4"), (mqa, "fp8"), (wide, "fp32"), (get_preset("llama-3.1-70b"), "int8")]
+    presets = ["llama-3.1-70b", "llama-3.1-8b", "qwen3-0.6b"]
+    dtypes = ["int4", "fp8", "int8", "fp32", "bf16", "fp16"]
+    cases = [(mqa, "int4"), (mqa, str(rng.choice(["fp8", "int8"]))),
+             (wide, str(rng.choice(dtypes))),
+             (get_preset(str(rng.choice(presets))), str(rng.choice(dtypes)))]
     for i, (config, dtype) in enumerate(cases):
         expected = reference_kv_bytes(config, dtype)
         got, crash = call_student(name, fn, config, dtype)
@@ -57,7 +66,7 @@ def fit_growth(fn, ctx):
     for s in ctx.hidden_seeds:
         yield hidden(checks.check_fit_growth, fn, seed=s)
     yield hidden(_fit_unsorted, fn, seed=ctx.hidden_seeds[0])
-    yield hidden(_fit_best_feasible, fn)
+    yield hidden(_fit_best_feasible, fn, float(ctx.rng("fit_scale").uniform(0.5, 2.0)))
 
 
 def _fit_unsorted(fn, seed, raise_on_fail=False):
@@ -78,10 +87,11 @@ def _fit_unsorted(fn, seed, raise_on_fail=False):
     return passed(name, 3)
 
 
-def _fit_best_feasible(fn, raise_on_fail=False):
+def _fit_best_feasible(fn, scale=1.0, raise_on_fail=False):
     """Free fits with negative coefficients where dropping them one by one, or all at once, is
     not the best fit without negative coefficients; times that fall (only the constant is left,
-    exponent 0)."""
+    exponent 0). The times are scaled by ``scale`` (drawn per grading run): the signs of the
+    coefficients, and so each case's trap, stay."""
     name = "ajuste del crecimiento (el mejor sin coeficientes negativos)"
     n = np.arange(8, 200, 8).astype(float)
     cases = [((0.5, -0.001, 1e-4), "el ajuste libre da c1 < 0"),
@@ -89,6 +99,7 @@ def _fit_best_feasible(fn, raise_on_fail=False):
              ((-0.09, 0.01, -6e-5), "tiempos que suben y después bajan"),
              ((1.0, -0.001, 0.0), "tiempos que bajan")]
     for i, ((c0, c1, c2), what) in enumerate(cases):
+        c0, c1, c2 = c0 * scale, c1 * scale, c2 * scale
         t = c0 + c1 * n + c2 * n**2
         label = f"{what}: t = {es_sig(c0)} + {es_sig(c1)}·n + {es_sig(c2)}·n², n de 8 a 192"
         got, crash = call_student(name, fn, n.copy(), t.copy())
@@ -102,23 +113,32 @@ def _fit_best_feasible(fn, raise_on_fail=False):
 
 def sequences_that_fit(fn, ctx):
     yield public(checks.check_sequences_that_fit, fn)
-    yield hidden(_budget_edges, fn)
+    yield hidden(_budget_edges, fn, ctx.rng("budget_edges"))
 
 
-def _budget_edges(fn, raise_on_fail=False):
+def _budget_edges(fn, rng, raise_on_fail=False):
     """Exact fits, one byte short, weights plus reserve that fill the GPU exactly, a block size
-    of one token, a context that is a whole number of blocks and one that is one token more."""
+    of one token, a context that is a whole number of blocks and one that is one token more;
+    the model, the counts and the sizes drawn per grading run (``rng``, from the secret)."""
     name = "presupuesto de memoria (casos límite)"
-    cfg = get_preset("llama-3.1-8b")
-    w = weight_bytes(cfg, "bf16")
-    block = reference_kv_bytes(cfg, "bf16") * 16
-    act = 2**30
-    cases = [(cfg, w + act + 5 * 256 * block, 1.0, act, "bf16", "bf16", 16, 4096),  # five exactly
-             (cfg, w + act + 5 * 256 * block - 1, 1.0, act, "bf16", "bf16", 16, 4096),  # 1 byte short
-             (cfg, w + act, 1.0, act, "bf16", "bf16", 16, 4096),      # weights and reserve fill it
-             (cfg, w + act + 5 * 256 * block, 1.0, act, "bf16", "bf16", 16, 4097),  # one block more
-             (cfg, w + 3 * 4096 * block / 16, 1.0, 0.0, "bf16", "bf16", 1, 4096),  # one-token blocks
-             (get_preset("qwen3-0.6b"), 12e9, 0.95, 0.0, "bf16", "int4", 16, 131072)]
+    cfg = get_preset(str(rng.choice(["llama-3.1-8b", "llama-3.1-70b", "qwen3-0.6b"])))
+    wdt, kdt = str(rng.choice(["bf16", "fp16", "int8"])), str(rng.choice(["bf16", "fp8", "int4"]))
+    bs = int(rng.choice([8, 16, 32]))
+    blocks_per_seq = int(rng.integers(16, 513))
+    ctx_len = bs * blocks_per_seq
+    fit = int(rng.integers(2, 12))
+    w = weight_bytes(cfg, wdt)
+    block = reference_kv_bytes(cfg, kdt) * bs
+    act = int(rng.integers(1, 9)) * 2**28
+    room = w + act + fit * blocks_per_seq * block
+    cases = [(cfg, room, 1.0, act, wdt, kdt, bs, ctx_len),                 # `fit` exactly
+             (cfg, room - 1, 1.0, act, wdt, kdt, bs, ctx_len),             # one byte short
+             (cfg, w + act, 1.0, act, wdt, kdt, bs, ctx_len),              # weights and reserve
+             (cfg, room, 1.0, act, wdt, kdt, bs, ctx_len + 1),             # one block more
+             (cfg, w + fit * ctx_len * block / bs, 1.0, 0.0, wdt, kdt, 1, ctx_len),  # 1-token blocks
+             (get_preset("qwen3-0.6b"), float(rng.integers(4, 80)) * 1e9,
+              float(rng.choice([0.8, 0.9, 0.95])), 0.0, "bf16", "int4", bs,
+              int(rng.integers(1, 129)) * 1024)]
     for i, args in enumerate(cases):
         got, crash = call_student(name, fn, *args)
         label = checks.budget_label(*args)

@@ -33,7 +33,7 @@ def arrivals(fn, ctx):
     yield public(checks.check_arrivals, fn, seed=ctx.seed)
     for s in ctx.hidden_seeds:
         yield hidden(checks.check_arrivals, fn, seed=s)
-    yield hidden(_arrivals_edges, fn, seed=ctx.seed)
+    yield hidden(_arrivals_edges, fn, seed=ctx.hidden_seeds[0])
 
 
 def _times(name: str, fn, n, rate, seed):
@@ -164,7 +164,7 @@ def bootstrap(fn, ctx):
     yield public(checks.check_bootstrap, fn, seed=ctx.seed)
     for s in ctx.hidden_seeds:
         yield hidden(checks.check_bootstrap, fn, seed=s)
-    yield hidden(_bootstrap_edges, fn, seed=ctx.seed)
+    yield hidden(_bootstrap_edges, fn, seed=ctx.hidden_seeds[0])
 
 
 def _pair(got):

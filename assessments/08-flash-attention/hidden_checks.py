@@ -95,15 +95,20 @@ def flash_step(fn, ctx):
 
 def tiled_bytes(fn, ctx):
     yield public(checks.check_tiled_bytes, fn)
-    yield hidden(_bytes_edges, fn)
+    yield hidden(_bytes_edges, fn, ctx.rng("bytes_edges"))
 
 
-def _bytes_edges(fn, raise_on_fail=False):
+def _bytes_edges(fn, rng, raise_on_fail=False):
     """One token, tiles of the whole sequence, a key tile longer than the sequence, a long
-    sequence with tiles that do not divide it, 4-byte elements."""
+    sequence with tiles that do not divide it, 4-byte elements; then sizes drawn per grading
+    run (``rng``, from the instructor's secret), so that no table of cases can pass."""
     name = "bytes que mueve la atención por bloques (casos límite)"
     cases = [(1, 64, 64, 64, 2, True), (512, 64, 512, 512, 2, True), (100, 32, 16, 256, 2, True),
              (1 << 17, 128, 96, 80, 2, True), (333, 64, 7, 3, 4, False), (64, 16, 1, 1, 2, True)]
+    for _ in range(6):
+        cases.append((int(rng.integers(1, 1 << 16)), int(rng.choice([16, 32, 64, 128])),
+                      int(rng.integers(1, 257)), int(rng.integers(1, 257)),
+                      int(rng.choice([1, 2, 4])), bool(rng.random() < 0.7)))
     for i, (n, d, bq, bk, e, causal) in enumerate(cases):
         label = f"n = {n}, d = {d}, bloques de {bq} × {bk}, {e} bytes, causal = {causal}"
         expected = checks.reference_tiled_bytes(n, d, bq, bk, e, causal)
