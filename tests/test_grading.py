@@ -94,7 +94,8 @@ def test_every_lab_folder_has_an_assessment_folder_for_its_kind():
 def test_student_ids_come_from_file_names_and_stay_unique():
     got = student_ids([Path("b/Ana María.ipynb"), Path("a/ana maría.ipynb"), Path("x/ .ipynb"),
                        Path("y/Ana_María.ipynb")])
-    assert [sid for sid, _ in got] == ["entrega", "Ana_María", "Ana_María-2", "ana_maría"]
+    # Unique also where file names ignore case: ana_maría.md would replace Ana_María.md.
+    assert [sid for sid, _ in got] == ["entrega", "Ana_María", "Ana_María-2", "ana_maría-3"]
 
 
 # --- discrimination, in process: the grading cell's logic on namespaces ----------------------------
