@@ -230,6 +230,7 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
         elif log is not None:
             print(f"registros de ejecución en {logs}", file=log)
     grades.sort(key=lambda g: g.student_id)
+    add_similarity(grades, contents, assessment, log)
     # Written once every submission has finished (and whatever it started is gone).
     for sid, nb in sorted(executed.items()):
         # Lone surrogates a kernel printed become JSON escapes: the file stays valid JSON.
@@ -238,6 +239,35 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
                                                                          "backslashreplace"))
     write_reports(grades, assessment, seed, out)
     return grades
+
+
+def add_similarity(grades: list[Grade], contents: dict, assessment: Assessment,
+                   log: TextIO | None) -> None:
+    """The similarity flags of every submission whose code was read (``similarity``): a
+    failure here is logged and leaves the flags empty, never the gradebook unwritten."""
+    import nbformat
+
+    from .score import NOT_RUN
+    from .similarity import similarity_flags
+
+    notebooks = {}
+    for g in grades:
+        data = contents.get(g.student_id)
+        if g.status in NOT_RUN or not isinstance(data, bytes):
+            continue
+        try:
+            notebooks[g.student_id] = nbformat.reads(data.decode("utf-8"), as_version=4)
+        except Exception:  # noqa: BLE001 - graded, but not a notebook to compare
+            continue
+    try:
+        flags = similarity_flags(notebooks, assessment.lab_folder)
+    except Exception as err:  # noqa: BLE001
+        if log is not None:
+            print(f"aviso: no se pudo calcular el parecido entre entregas ({type(err).__name__}: "
+                  f"{clean(err, 200)})", file=log)
+        return
+    for g in grades:
+        g.similarity = flags.get(g.student_id, [])
 
 
 def merged_record(parts: list[str | Path]) -> dict | None:

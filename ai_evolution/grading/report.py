@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .assessment import Assessment
 from .score import Grade
+from .similarity import for_instructor, for_student
 
 ISOLATION_ES = {
     "bwrap": "bubblewrap: procesos, red y archivos propios; la biblioteca, de solo lectura",
@@ -78,8 +79,8 @@ def gradebook_csv(grades: list[Grade], assessment: Assessment) -> str:
         writer.writerow([csv_cell(g.student_id),
                          *[points(by_id[c.id].earned) for c in assessment.criteria],
                          points(g.total), points(g.max_total),
-                         *map(csv_cell, (g.status, g.reason, g.isolation, "; ".join(g.similarity),
-                                         "; ".join(g.notes)))])
+                         *map(csv_cell, (g.status, g.reason, g.isolation,
+                                         for_instructor(g.similarity), "; ".join(g.notes)))])
     return buf.getvalue()
 
 
@@ -123,7 +124,7 @@ def feedback_md(g: Grade, assessment: Assessment, seed: int) -> str:
         lines += ["", "## Parecido con otro código", "",
                   "El código de sus ejercicios se parece mucho al de la solución publicada o al "
                   "de otra entrega. No resta puntos: lo revisa una persona.", ""]
-        lines += [f"- {s}" for s in g.similarity]
+        lines += [f"- {line}" for line in for_student(g.similarity)]
     return "\n".join(lines) + "\n"
 
 

@@ -84,7 +84,9 @@ class Grade:
     flags: list[str] = field(default_factory=list)
     isolation: str = "session"
     notes: list[str] = field(default_factory=list)       # warnings for student and instructor
-    similarity: list[str] = field(default_factory=list)  # for human review, never points
+    # (share of the student's own code, other student id or None for the published solution):
+    # for human review, never points (see ``similarity``)
+    similarity: list[tuple[float, str | None]] = field(default_factory=list)
 
     @property
     def total(self) -> float:
