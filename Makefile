@@ -6,6 +6,9 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 # Profile the labs use while the book executes them (ci: 2-core CPU, small workloads).
 BOOK_PROFILE ?= ci
+# Edition of the book: full (lab pages show the solutions) or student (lab pages show the
+# student notebooks' code, for a cohort: `make book EDITION=student`; see _ext/lab_pages.py).
+EDITION ?= full
 
 .DEFAULT_GOAL := book
 .PHONY: book test check student sync clean venv
@@ -21,6 +24,7 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	touch $@
 
 book: export AI_EVOLUTION_PROFILE = $(BOOK_PROFILE)
+book: export AI_EVOLUTION_EDITION = $(EDITION)
 book: $(VENV)/.installed
 	$(BIN)/jupyter-book build --all -W -n --keep-going .
 
