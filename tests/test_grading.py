@@ -1046,8 +1046,12 @@ def test_defaults_are_documented_in_the_instructor_guide():
     assert "NotImplementedError" not in guide  # test_book rejects it on any built page
     assert "python -m ai_evolution.grading --lab kv_cache" in guide
     assert f"{DEFAULTS['memory_mb']}" in guide.replace(".", "")
-    for status in ("ok", "error", "timeout", "memory", "crashed", "invalid", "no_contract"):
+    for status in ("ok", "error", "timeout", "memory", "crashed", "invalid", "no_contract",
+                   "disk", "refused", "grader_error"):
         assert f"`{status}`" in guide
+    for word in ("--budget", "--disk-mb", "grading.json", "`similarity`", "`notes`",
+                 "make book EDITION=student", f"{DEFAULTS['disk_mb']} MiB"):
+        assert word in guide, word
     assert "assessments/NN-nombre/" in guide or "assessments/NN-name/" in guide
     for word in ("--shard i/n", "python -m ai_evolution.grading merge", "`bwrap`", "`session`",
                  "`isolation`", "no se ejecutan en el\n  kernel del estudiante"):
