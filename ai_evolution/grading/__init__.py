@@ -20,7 +20,14 @@
    ``student_extension`` is checked; each criterion of ``rubric.json`` earns all its points
    or none.
 4. **Report** (``report``): ``gradebook.csv`` (student_id, one column per criterion, total,
-   max_total, status, reason, isolation) and ``feedback/<student_id>.md`` in Spanish.
+   max_total, status, reason, isolation, similarity, notes), ``grading.json`` (the library
+   version used) and ``feedback/<student_id>.md`` in Spanish.
+
+Before any of it, ``intake`` lists the folder as bytes, refuses what is not a regular file and
+code the grader's parser cannot take, and gives bounded, unique ids; each submission runs under
+:func:`.sandbox.submission_limits` (one wall clock for everything it starts, a disk bound), and
+any exception while grading it becomes its own ``grader_error`` row. After all of them,
+``similarity`` flags copies of the published solution and between submissions (never points).
 
 Everything written is deterministic for one folder and one seed (no dates or timings), so
 grading twice gives the same files. ``--shard i/n`` grades a deterministic subset and
