@@ -67,7 +67,7 @@ __all__ = ["Assessment", "AssessmentError", "Criterion", "DEFAULTS", "Grade", "S
 # bandwidth probe). Per submission, everything (notebook and every checker start) shares one
 # wall-clock budget: ``budget_s``, by default ``BUDGET_FACTOR`` times ``timeout_s``.
 DEFAULTS = {"timeout_s": 900.0, "cell_timeout_s": 300.0, "memory_mb": 6144, "stage_limit_s": 120.0,
-            "disk_mb": 2048}
+            "disk_mb": 1024}
 BUDGET_FACTOR = 2
 
 
