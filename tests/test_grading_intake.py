@@ -268,3 +268,12 @@ def test_merge_keeps_the_version_record_and_refuses_shards_of_other_versions(tmp
     assert record == {"ai_evolution": __version__, "lab": "kv_cache", "seed": 0, "students": 2}
     with pytest.raises(ValueError, match="versión de ai_evolution"):
         merge_outputs(parts, tmp_path / "mal")
+
+
+def test_the_cli_refuses_limits_that_are_not_positive(tmp_path, capsys):
+    from ai_evolution.grading.__main__ import main
+
+    for flag, value in (("--budget", "0"), ("--disk-mb", "-5"), ("--timeout", "0")):
+        assert main(["--lab", "kv_cache", str(tmp_path), flag, value]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} debe ser un número positivo" in err, err

@@ -110,7 +110,6 @@ def _grade_one(sid: str, source: str, data: bytes, assessment: Assessment, seed:
 
     from .checker import check_functions
     from .rebuild import extract, kernel_tampering, parameter_rebinds
-    from .sandbox import isolation
 
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -118,8 +117,8 @@ def _grade_one(sid: str, source: str, data: bytes, assessment: Assessment, seed:
     except Exception:  # noqa: BLE001 - not a notebook: run_notebook says why
         nb = None
     if nb is not None and (problem := parse_problem(nb)):
-        info = RunInfo(status="refused", reason=problem, isolation=isolation())
-        return score(sid, source, info, assessment, seed), info
+        grade = not_graded(sid, source, "refused", problem, assessment, seed)
+        return grade, RunInfo(status="refused", reason=problem, isolation=grade.isolation)
     info = run_notebook(data, assessment, seed, timeout_s, cell_timeout_s, memory_mb, log_dir)
     if info.status == "invalid" or nb is None:
         return score(sid, source, info, assessment, seed), info
