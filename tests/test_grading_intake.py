@@ -6,6 +6,7 @@ and its scratch folder has a size bound; the grader records the library version 
 
 from __future__ import annotations
 
+import ast
 import csv
 import io
 import json
@@ -188,18 +189,27 @@ def test_a_scratch_folder_over_its_disk_bound_is_stopped(tmp_path):
 
 
 @pytest.mark.skipif(isolation() != "bwrap", reason="bubblewrap (bwrap) no está disponible")
-def test_bubblewrap_ram_filesystems_are_bounded_and_its_root_is_read_only(tmp_path):
-    script = ("import os\nout = {}\nfor path in ('/tmp/x', '/dev/shm/x', '/x', '/dev/x'):\n"
+@pytest.mark.parametrize("sized", [True, False], ids=["bwrap>=0.5", "bwrap<0.5"])
+def test_bubblewrap_ram_filesystems_are_bounded_and_its_root_is_read_only(tmp_path, monkeypatch,
+                                                                           sized):
+    import ai_evolution.grading.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "_bwrap_sizes_tmpfs", lambda: sized)
+    script = ("import os, sys\nout = {}\n"
+              "for path in ('/tmp/x', '/dev/shm/x', '/x', '/dev/x', sys.argv[1] + '/x'):\n"
               "    try:\n        with open(path, 'wb') as fh:\n"
-              "            for _ in range(128):\n                fh.write(b'x' * 2**20)\n"
+              "            for _ in range(96):\n                fh.write(b'x' * 2**20)\n"
               "        out[path] = 'escrito'\n"
               "    except OSError as err:\n        out[path] = err.strerror\n"
-              "print(out)")
-    done = subprocess.run(_bwrap_base([tmp_path], []) + ["--", sys.executable, "-c", script],
+              "print(repr(out))")
+    done = subprocess.run(_bwrap_base([tmp_path], []) + ["--", sys.executable, "-c", script,
+                                                         str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
-    seen = eval(done.stdout)  # noqa: S307 - our own script's dict of strings
-    assert seen["/tmp/x"] == seen["/dev/shm/x"] == "No space left on device"
-    assert seen["/x"] == seen["/dev/x"] == "Read-only file system"
+    seen = ast.literal_eval(done.stdout)
+    ram = "No space left on device" if sized else "Read-only file system"
+    assert seen["/tmp/x"] == seen["/dev/shm/x"] == ram, seen
+    assert seen["/x"] == seen["/dev/x"] == "Read-only file system", seen
+    assert seen[f"{tmp_path}/x"] == "escrito"  # the scratch folder, on disk, is where to write
 
 
 # --- the whole folder: one bad file never stops the others -------------------------------------------------

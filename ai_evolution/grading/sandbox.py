@@ -107,11 +107,26 @@ class RunInfo:
 
 # --- isolation -----------------------------------------------------------------------------------
 
+@lru_cache(maxsize=1)
+def _bwrap_sizes_tmpfs() -> bool:
+    """Whether this bubblewrap has ``--size`` (0.5 and later)."""
+    try:
+        return "--size" in subprocess.run(["bwrap", "--help"], capture_output=True, text=True,
+                                          timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def _bwrap_base(writable: list[Path], readonly: list[Path]) -> list[str]:
-    # /tmp and /dev/shm: tmpfs of a fixed size; the rest of /dev (also a tmpfs) read-only.
-    size = str(TMPFS_BYTES)
-    cmd = ["bwrap", "--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm",
-           "--remount-ro", "/dev", "--size", size, "--tmpfs", "/tmp"]
+    # /tmp and /dev/shm: tmpfs of a fixed size (an older bubblewrap cannot size one: both stay
+    # read-only, TMPDIR is in the scratch folder); the rest of /dev (a tmpfs) read-only.
+    cmd = ["bwrap", "--proc", "/proc", "--dev", "/dev"]
+    if _bwrap_sizes_tmpfs():
+        size = str(TMPFS_BYTES)
+        cmd += ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+                "--size", size, "--tmpfs", "/tmp"]
+    else:
+        cmd += ["--remount-ro", "/dev", "--dir", "/tmp"]
     for path in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys"):
         cmd += ["--ro-bind-try", path, path]
     prefixes = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(),
