@@ -222,6 +222,7 @@ def test_pathological_files_and_a_grader_crash_cost_only_their_own_rows(tmp_path
     good = code_nb("x = 1")
     nbformat.write(good, folder / "bien.ipynb")
     nbformat.write(code_nb("y = 2"), folder / "rompe_corrector.ipynb")
+    nbformat.write(code_nb("z = 3"), folder / "otra_version.ipynb")
     nbformat.write(code_nb(long_sum(800)), folder / "bomba.ipynb")
     nbformat.write(code_nb(long_sum(5000)), folder / "bomba_grande.ipynb")
     (folder / "enlace.ipynb").symlink_to(folder / "bien.ipynb")
@@ -238,15 +239,26 @@ def test_pathological_files_and_a_grader_crash_cost_only_their_own_rows(tmp_path
 
         if b"y = 2" in data:
             raise RuntimeError("fallo del corrector")
+        if b"z = 3" in data:  # ran fine, with a contract printed by another library version
+            return RunInfo(status="ok", exported=True, isolation=isolation(), contract={
+                "environment": {"versions": {"ai_evolution": "0.0.9"}}})
         ran.append(data)
         return RunInfo(status="invalid", reason="prueba", isolation=isolation())
 
     monkeypatch.setattr(grading, "run_notebook", fake_run)
+    import ai_evolution.grading.checker as checker
+
+    monkeypatch.setattr(checker, "check_functions", lambda *a, **k: ({}, []))  # no checker here
     grades = {g.student_id: g for g in grade_folder("kv_cache", folder, out=tmp_path / "notas")}
     out = tmp_path / "notas"
     book = {r["student_id"]: r for r in csv.DictReader(
         (out / "gradebook.csv").open(encoding="utf-8", newline=""))}
-    assert len(book) == 10 and set(book) == set(grades)
+    assert len(book) == 11 and set(book) == set(grades)
+    other = book["otra_version"]  # the contract's library version is not the grader's
+    assert "0.0.9" in other["notes"] and __version__ in other["notes"]
+    assert "- Aviso: el contrato se produjo con ai_evolution 0.0.9" in \
+        (out / "feedback" / "otra_version.md").read_text(encoding="utf-8")
+    assert all(r["notes"] == "" for sid, r in book.items() if sid != "otra_version")
     status = {sid: r["status"] for sid, r in book.items()}
     assert status["enlace"] == status["tuberia"] == "refused"
     assert status["bomba"] == status["bomba_grande"] == "refused"
@@ -254,7 +266,7 @@ def test_pathological_files_and_a_grader_crash_cost_only_their_own_rows(tmp_path
     assert "fallo del corrector" in book["rompe_corrector"]["reason"]
     assert status["mal"] == "invalid"
     assert len(ran) == 5  # bien, mal, the two long names and the newline: nothing else ran
-    assert all(float(r["total"]) == 0 for r in book.values())
+    assert all(float(r["total"]) == 0 for sid, r in book.items() if sid != "otra_version")
     assert all(len(sid) <= MAX_ID for sid in book)
     for sid in book:
         text = (out / "feedback" / f"{sid}.md").read_text(encoding="utf-8")
