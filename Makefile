@@ -8,6 +8,9 @@ BIN := $(VENV)/bin
 BOOK_PROFILE ?= ci
 # Notebook pages executed at once before the build (one torch thread each).
 BOOK_JOBS ?= 2
+# Edition of the book: full (lab pages show the solutions) or student (lab pages show the
+# student notebooks' code, for a cohort: `make book EDITION=student`; see _ext/lab_pages.py).
+EDITION ?= full
 
 .DEFAULT_GOAL := book
 .PHONY: book test check student sync outputs release clean venv
@@ -23,6 +26,7 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	touch $@
 
 book: export AI_EVOLUTION_PROFILE = $(BOOK_PROFILE)
+book: export AI_EVOLUTION_EDITION = $(EDITION)
 # Pages execute BOOK_JOBS at a time into the build's execution cache, then the build finds them
 # cached (scripts/execute_book.py): each page executes once.
 book: $(VENV)/.installed

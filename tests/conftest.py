@@ -118,6 +118,38 @@ def built_book(tmp_path_factory, worker_id):
     return once_per_run(tmp_path_factory, worker_id, "book", build_book)
 
 
+def build_lab_page(out: Path, edition: str, lab: str = "02-kv-cache") -> Path:
+    """One lab page built alone, without executing it, in the given edition (``full`` or
+    ``student``, ``_ext/lab_pages.py``): the book's own configuration with execution off and a
+    table of contents of that page only. Returns the HTML folder."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    config["execute"]["execute_notebooks"] = "off"
+    sphinx = config["sphinx"]  # paths in a --config file are read from its own folder
+    sphinx["local_extensions"] = {k: str(ROOT / v) for k, v in sphinx["local_extensions"].items()}
+    sphinx["config"]["html_static_path"] = [str(ROOT / p) for p in sphinx["config"]["html_static_path"]]
+    config["bibtex_bibfiles"] = [str(ROOT / p) for p in config["bibtex_bibfiles"]]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "_config.yml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    (out / "_toc.yml").write_text(f"format: jb-book\nroot: labs/{lab}/notebook_solution\n",
+                                  encoding="utf-8")
+    env = dict(os.environ, AI_EVOLUTION_PROFILE="ci", AI_EVOLUTION_EDITION=edition)
+    proc = subprocess.run([_jupyter_book(), "build", "--all", "--path-output", str(out),
+                           "--config", str(out / "_config.yml"), "--toc", str(out / "_toc.yml"),
+                           str(ROOT)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out / "_build" / "html"
+
+
+@pytest.fixture(scope="session")
+def lab_page_editions(tmp_path_factory, worker_id):
+    """Lab 2's page built alone in both editions (about 20 s each), once per run."""
+    return once_per_run(tmp_path_factory, worker_id, "ediciones", lambda base: {
+        edition: build_lab_page(base / edition, edition) for edition in ("full", "student")})
+
+
 def _grade_attacks(base: Path) -> dict:
     from test_grading_adversarial import grade_attacks
 
@@ -136,7 +168,7 @@ def graded_kv_cache(tmp_path_factory, worker_id):
 # `make check` (the everyday tier) runs `-m "not slow"`: no notebook execution, no book build, no
 # real grading kernels. `make test` runs everything.
 SLOW_MODULES = {"test_book.py", "test_grading.py", "test_grading_adversarial.py",
-                "test_claims_under_load.py", "test_install.py"}
+                "test_claims_under_load.py", "test_install.py", "test_book_editions.py"}
 
 # `make test` runs on two workers (pytest-xdist, `--dist loadscope --no-loadscope-reorder`): a
 # module's tests go to one worker (its module fixtures are built once), in the order below.

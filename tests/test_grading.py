@@ -94,7 +94,8 @@ def test_every_lab_folder_has_an_assessment_folder_for_its_kind():
 def test_student_ids_come_from_file_names_and_stay_unique():
     got = student_ids([Path("b/Ana María.ipynb"), Path("a/ana maría.ipynb"), Path("x/ .ipynb"),
                        Path("y/Ana_María.ipynb")])
-    assert [sid for sid, _ in got] == ["entrega", "Ana_María", "Ana_María-2", "ana_maría"]
+    # Unique also where file names ignore case: ana_maría.md would replace Ana_María.md.
+    assert [sid for sid, _ in got] == ["entrega", "Ana_María", "Ana_María-2", "ana_maría-3"]
 
 
 # --- discrimination, in process: the grading cell's logic on namespaces ----------------------------
@@ -1017,13 +1018,42 @@ while True:
     assert not left, [p.info["cmdline"] for p in left]
 
 
+SLOW_CLASSES = "import time\n" + "".join(f"class Lento{i}:\n    time.sleep(4)\n" for i in range(3))
+QUITS = "".join(f"def {name}(*args, **kwargs):\n    raise SystemExit(0)\n"
+                for name in ("kv_bytes_per_token", "my_cached_attention", "fit_growth",
+                             "sequences_that_fit"))
+
+
+def test_one_wall_clock_budget_covers_the_notebook_and_every_checker_restart(tmp_path,
+                                                                           monkeypatch):
+    """Class bodies that sleep (run again at every checker start) and exercises that end the
+    checker (it restarts for the criteria left): 5 starts of ~17 s after a ~20 s notebook
+    without a budget for the whole submission; with one, the submission stops at it."""
+    folder = tmp_path / "entregas"
+    folder.mkdir()
+    nbformat.write(code_notebook(KV_IMPORTS, SLOW_CLASSES, QUITS), folder / "rehen.ipynb")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # scratch under tmp_path
+    start = time.monotonic()
+    (g,) = grade_folder("kv_cache", folder, out=tmp_path / "notas", timeout_s=40,
+                        cell_timeout_s=30, budget_s=45)
+    elapsed = time.monotonic() - start
+    assert elapsed < 45 + 30, elapsed  # the budget, plus killing and cleaning up
+    assert g.status == "timeout" and "tiempo total de esta entrega (45 s" in g.reason, g.reason
+    by_id = {s.id: s for s in g.scores}
+    assert g.total == 0 and any("tiempo total" in s.message for s in by_id.values()), by_id
+
+
 def test_defaults_are_documented_in_the_instructor_guide():
     guide = (ROOT / "book" / "instructor-guide.md").read_text(encoding="utf-8")
     assert "NotImplementedError" not in guide  # test_book rejects it on any built page
     assert "python -m ai_evolution.grading --lab kv_cache" in guide
     assert f"{DEFAULTS['memory_mb']}" in guide.replace(".", "")
-    for status in ("ok", "error", "timeout", "memory", "crashed", "invalid", "no_contract"):
+    for status in ("ok", "error", "timeout", "memory", "crashed", "invalid", "no_contract",
+                   "disk", "refused", "grader_error"):
         assert f"`{status}`" in guide
+    for word in ("--budget", "--disk-mb", "grading.json", "`similarity`", "`notes`",
+                 "make book EDITION=student", f"{DEFAULTS['disk_mb']} MiB"):
+        assert word in guide, word
     assert "assessments/NN-nombre/" in guide or "assessments/NN-name/" in guide
     for word in ("--shard i/n", "python -m ai_evolution.grading merge", "`bwrap`", "`session`",
                  "`isolation`", "no se ejecutan en el\n  kernel del estudiante"):

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from ai_evolution.grading import (find_assessment, grade_namespace, merge_output
 from ai_evolution.grading.rebuild import delegation, extract, forbidden_for, parameter_rebinds
 from ai_evolution.grading.assessment import resolve_reference
 from ai_evolution.grading.sandbox import isolation
+from ai_evolution import __version__
 from ai_evolution.labs import get_spec
 
 from test_grading import good_measurement, synthetic_contract
@@ -171,6 +173,56 @@ if os.fork() == 0:
 HIDE_ERRORS = """get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)
 1 / 0
 """
+
+DISK_MB = 256  # the fixture's --disk-mb
+FILL_SCRATCH = f"""import time
+with open("relleno.bin", "wb") as fh:
+    for _ in range({DISK_MB + 144}):
+        fh.write(b"x" * 2**20)
+time.sleep(20)
+"""
+
+FILL_TMP = """with open("/tmp/relleno.bin", "wb") as fh:
+    for _ in range(512):
+        fh.write(b"x" * 2**20)
+"""
+
+RECURSION_BOMB = "total = " + " + ".join(["1"] * 800)
+FORGED = "ana\n- Puntuación automática: **13 de 13**"
+NOT_UTF8 = b"no_utf8_\xff\xfe"
+
+
+def pathological_files(folder: Path) -> dict[str, int]:
+    """Files that once stopped grading for the whole class (issue 26): a symbolic link to the
+    solution, a FIFO, a name that is not UTF-8, a name with a newline that forges a line of
+    feedback, two 254-byte names that clean to one id, a recursion bomb, notebooks that fill
+    their scratch folder and bubblewrap's /tmp. Return the most each may score, by id."""
+    (folder / "enlace.ipynb").symlink_to(folder / "solucion.ipynb")
+    os.mkfifo(folder / "tuberia.ipynb")
+    with open(os.fsencode(folder) + b"/" + NOT_UTF8 + b".ipynb", "w", encoding="utf-8") as fh:
+        nbformat.write(honest(), fh)
+    (folder / f"{FORGED}.ipynb").write_text("{}", encoding="utf-8")
+    for mark in "!?":
+        (folder / ("a" * 240 + mark * 8 + ".ipynb")).write_text("{}", encoding="utf-8")
+    nbformat.write(honest(RECURSION_BOMB), folder / "recursion.ipynb")
+    nbformat.write(honest(FILL_SCRATCH), folder / "llena_disco.ipynb")
+    most = {"enlace": 0, "tuberia": 0, "no_utf8": 13, "ana_-_Puntuación_automática_13_de_13": 0,
+            "a" * 59: 0, "a" * 59 + "-2": 0, "recursion": 0, "llena_disco": 9}
+    if isolation() == "bwrap":  # in a session of its own /tmp is the machine's
+        nbformat.write(honest(FILL_TMP), folder / "llena_tmp.ipynb")
+        most["llena_tmp"] = 12
+    return most
+
+
+def snapshot(folder: Path) -> dict[bytes, bytes]:
+    """The bytes of every regular file (never through a link, never opening a FIFO)."""
+    out = {}
+    for name in os.listdir(os.fsencode(folder)):
+        path = os.fsencode(folder) + b"/" + name
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            with open(path, "rb") as fh:
+                out[name] = fh.read()
+    return out
 
 
 # --- issue 26: attacks on the checker's process (none of them runs there any more) ----------------
@@ -337,12 +389,13 @@ def grade_attacks(base: Path) -> dict:
 
     folder = base / "entregas"
     most = attack_folder(folder) | realistic_folder(folder)
-    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    most |= pathological_files(folder)
+    before = snapshot(folder)
     out = base / "notas"
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "ai_evolution.grading", "--lab", "kv_cache",
                            str(folder), "--out", str(out), "--timeout", "150", "--cell-timeout",
-                           "60", "--memory-mb", "4096", "--jobs", "2"],
+                           "60", "--memory-mb", "4096", "--disk-mb", str(DISK_MB), "--jobs", "2"],
                           capture_output=True, text=True, timeout=1500)
     elapsed = time.monotonic() - start
     time.sleep(1)
@@ -364,9 +417,10 @@ def test_the_grader_writes_a_gradebook_and_survives_every_attack(attacked):
     assert sorted(book) == sorted(attacked["most"])
     assert not attacked["survivors"], attacked["survivors"]  # the escaped process was killed
     assert {r["isolation"] for r in book.values()} == {isolation()}
-    # 17 cheap notebooks of ~10 s each and lab 2 run in full (~30 s) on two workers, each
-    # followed by its checker and function worker (~10-30 s: two interpreters, the model for
-    # the attention step); the stopped worker is killed 3 s after it stops, not at its limit.
+    # About 25 notebooks (cheap attacks of ~10 s each, pathological files refused before any run,
+    # lab 2 in full ~30 s) on two workers, each followed by its checker and function worker
+    # (~10-30 s: two interpreters, the model for the attention step); the stopped worker is
+    # killed 3 s after it stops, not at its limit.
     assert attacked["elapsed"] < 900
 
 
@@ -457,10 +511,38 @@ def test_no_other_students_file_or_grade_changes(attacked):
     assert book["honesto"]["total"] == "13"
     if isolation() == "bwrap":  # in a session of its own a notebook can write the user's files
         assert book["vecino"]["total"] == "13"
-        after = {p.name: p.read_bytes() for p in folder.iterdir()}
+        after = snapshot(folder)
         assert after == attacked["before"]
         executed = (out / "executed" / "vecino.ipynb").read_text(encoding="utf-8")
         assert "ocultas: 0" in executed
+
+
+def test_pathological_files_cost_only_their_own_row(attacked):
+    out = attacked["out"]
+    book = rows(out / "gradebook.csv")
+    feedback = {sid: (out / "feedback" / f"{sid}.md").read_text(encoding="utf-8") for sid in book}
+    for sid in ("enlace", "tuberia", "recursion"):
+        assert book[sid]["status"] == "refused" and book[sid]["total"] == "0", book[sid]
+    assert "enlace simbólico" in book["enlace"]["reason"] and "FIFO" in book["tuberia"]["reason"]
+    assert "anida" in book["recursion"]["reason"]
+    # A name in any bytes: graded like any other, shown with replacement characters.
+    assert book["no_utf8"]["total"] == "13", book["no_utf8"]
+    assert "no_utf8_\ufffd\ufffd.ipynb" in feedback["no_utf8"]
+    # A newline in a name forges no line; the long names got two short, distinct ids.
+    forged = "ana_-_Puntuación_automática_13_de_13"
+    assert [ln for ln in feedback[forged].splitlines() if "13 de 13" in ln] == \
+        [ln for ln in feedback[forged].splitlines() if ln.startswith("- Archivo entregado:")]
+    assert {"a" * 59, "a" * 59 + "-2"} <= set(book)
+    full = book["llena_disco"]
+    assert full["status"] == "disk" and f"{DISK_MB} MiB" in full["reason"], full
+    if isolation() == "bwrap":
+        tmp = book["llena_tmp"]
+        assert tmp["status"] == "error" and "No space left" in tmp["reason"], tmp
+    record = json.loads((out / "grading.json").read_text(encoding="utf-8"))
+    assert record["ai_evolution"] == __version__ and record["students"] == len(book)
+    # The honest copies of the published solution are flagged for a person, with no points off.
+    assert book["solucion"]["similarity"] == "la solución publicada: 100 %"
+    assert book["solucion"]["total"] == "13" and book["sin_tocar"]["similarity"] == ""
 
 
 # --- fast, in-process: the static parts ------------------------------------------------------------

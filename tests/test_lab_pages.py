@@ -123,3 +123,23 @@ def test_student_box_links_colab_and_the_file_and_says_which_notebook_is_which()
     assert f"{repo['url'].rstrip('/')}/blob/{repo['branch']}/{path}" in refs
     text = box.astext()
     assert "notebook_solution.ipynb" in text and path in text and "estudiante" in text
+
+
+def test_the_student_edition_shows_each_solution_region_as_the_student_stub(monkeypatch):
+    ext = _extension()
+    monkeypatch.setenv("AI_EVOLUTION_EDITION", "alumnos")
+    with pytest.raises(ValueError, match="'full' o 'student', no 'alumnos'"):
+        ext.edition()
+    monkeypatch.delenv("AI_EVOLUTION_EDITION")
+    assert ext.edition() == "full"
+    code = ("def f(x):\n    # BEGIN SOLUTION\n    # PISTA: sume uno.\n    return x + 1\n"
+            "    # END SOLUTION\n")
+    tree = nodes.section()
+    tree += nodes.literal_block(code, code, language="ipython3", classes=["cell_input"])
+    tree += nodes.literal_block("print(1)", "print(1)")
+    assert ext.strip_solutions(tree, "prueba") == 1
+    first, second = tree.findall(nodes.literal_block)
+    assert first.astext() == make_student.strip_solution(code, "prueba")[0]
+    assert "return x + 1" not in first.astext() and "NotImplementedError" in first.astext()
+    assert first["language"] == "ipython3" and first["classes"] == ["cell_input"]
+    assert second.astext() == "print(1)"

@@ -22,7 +22,14 @@
    ``student_extension`` is checked; each criterion of ``rubric.json`` earns all its points
    or none.
 4. **Report** (``report``): ``gradebook.csv`` (student_id, one column per criterion, total,
-   max_total, status, reason, isolation) and ``feedback/<student_id>.md`` in Spanish.
+   max_total, status, reason, isolation, similarity, notes), ``grading.json`` (the library
+   version used) and ``feedback/<student_id>.md`` in Spanish.
+
+Before any of it, ``intake`` lists the folder as bytes, refuses what is not a regular file and
+code the grader's parser cannot take, and gives bounded, unique ids; each submission runs under
+:func:`.sandbox.submission_limits` (one wall clock for everything it starts, a disk bound), and
+any exception while grading it becomes its own ``grader_error`` row. After all of them,
+``similarity`` flags copies of the published solution and between submissions (never points).
 
 Everything written is deterministic for one folder, one seed, one secret and one nonce (no
 dates or timings), so grading twice with them gives the same files (``run.json`` records the
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import re
 import shutil
 import tempfile
@@ -45,36 +53,25 @@ from typing import TextIO
 
 from .assessment import (Assessment, AssessmentError, Criterion, Stage, find_assessment, hidden,
                          load_assessment, public)
-from .kernel import grade_namespace
-from .report import gradebook_csv, write_reports
-from .sandbox import RunInfo, run_notebook
-from .score import Grade, flags_for, score
+from .intake import Refused, list_submissions, parse_problem, read_submission, student_ids
+from .kernel import clean, grade_namespace
+from .report import RECORD, gradebook_csv, write_reports
+from .sandbox import RunInfo, budget_reason, run_notebook, submission_limits
+from .score import Grade, flags_for, score, version_notes
 
 __all__ = ["Assessment", "AssessmentError", "Criterion", "DEFAULTS", "Grade", "Stage",
            "find_assessment", "grade_folder", "grade_namespace", "gradebook_csv", "hidden",
            "load_assessment", "merge_outputs", "public", "score", "shard_of", "student_ids"]
 
 # Per notebook: the whole run, one cell (interrupted, then the next cell runs), the memory of the
-# kernel (address space of each process and resident memory of them all), one hidden check.
-# The slowest lab notebook takes about 70 s under `ci` on a 2-core CPU, its kernel peaks at
-# about 3.4 GiB of address space and 2.2 GiB resident (lab 1's bandwidth probe).
-DEFAULTS = {"timeout_s": 900.0, "cell_timeout_s": 300.0, "memory_mb": 6144, "stage_limit_s": 120.0}
-
-
-def student_ids(paths: list[Path]) -> list[tuple[str, Path]]:
-    """(student id, path) for each submission: the file name without extension, every run of
-    characters other than letters, digits, ``.``, ``_`` and ``-`` replaced by ``_``; repeated ids
-    get ``-2``, ``-3``... in file-name order."""
-    out, used = [], set()
-    for path in sorted(paths, key=lambda p: p.name):
-        base = re.sub(r"[^\w.-]+", "_", path.stem).strip("._-") or "entrega"
-        sid, n = base, 1
-        while sid in used:
-            n += 1
-            sid = f"{base}-{n}"
-        used.add(sid)
-        out.append((sid, path))
-    return out
+# kernel (address space of each process and resident memory of them all), one hidden check, the
+# bytes in each scratch folder. The slowest lab notebook takes about 70 s under `ci` on a 2-core
+# CPU, its kernel peaks at about 3.4 GiB of address space and 2.2 GiB resident (lab 1's
+# bandwidth probe). Per submission, everything (notebook and every checker start) shares one
+# wall-clock budget: ``budget_s``, by default ``BUDGET_FACTOR`` times ``timeout_s``.
+DEFAULTS = {"timeout_s": 900.0, "cell_timeout_s": 300.0, "memory_mb": 6144, "stage_limit_s": 120.0,
+            "disk_mb": 1024}
+BUDGET_FACTOR = 2
 
 
 @lru_cache(maxsize=None)
@@ -95,11 +92,21 @@ def setup_lines(lab_folder: Path) -> tuple[str, ...]:
     return tuple(setup_imports(cells[params + 1].source))
 
 
-def grade_one(sid: str, path: Path, data: bytes, assessment: Assessment, seed: int,
+def grade_one(sid: str, source: str, data: bytes, assessment: Assessment, seed: int,
               timeout_s: float, cell_timeout_s: float, memory_mb: int, stage_limit_s: float,
-              log_dir: Path, run_secret=None) -> tuple[Grade, RunInfo]:
+              log_dir: Path, run_secret=None, budget_s: float | None = None,
+              disk_mb: int | None = None) -> tuple[Grade, RunInfo]:
     """Grade one submission from ``data``, its bytes as read before grading started (another
-    notebook rewriting the file meanwhile changes nothing)."""
+    notebook rewriting the file meanwhile changes nothing). ``source`` is its file name as
+    shown. Everything it runs shares ``budget_s`` seconds and ``disk_mb`` per scratch folder."""
+    with submission_limits(budget_s, disk_mb):
+        return _grade_one(sid, source, data, assessment, seed, timeout_s, cell_timeout_s,
+                          memory_mb, stage_limit_s, log_dir, run_secret)
+
+
+def _grade_one(sid: str, source: str, data: bytes, assessment: Assessment, seed: int,
+               timeout_s: float, cell_timeout_s: float, memory_mb: int, stage_limit_s: float,
+               log_dir: Path, run_secret=None) -> tuple[Grade, RunInfo]:
     import ast
 
     import nbformat
@@ -108,11 +115,17 @@ def grade_one(sid: str, path: Path, data: bytes, assessment: Assessment, seed: i
     from .rebuild import extract, kernel_tampering, parameter_rebinds
 
     log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+    except Exception:  # noqa: BLE001 - not a notebook: run_notebook says why
+        nb = None
+    if nb is not None and (problem := parse_problem(nb)):
+        grade = not_graded(sid, source, "refused", problem, assessment, seed)
+        return grade, RunInfo(status="refused", reason=problem, isolation=grade.isolation)
     info = run_notebook(data, assessment, seed, timeout_s, cell_timeout_s, memory_mb, log_dir)
     _redact_run(info, assessment)
-    if info.status == "invalid":
-        return score(sid, path.name, info, assessment, seed), info
-    nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+    if info.status == "invalid" or nb is None:
+        return score(sid, source, info, assessment, seed), info
     setup = list(setup_lines(assessment.lab_folder))
     setup_names = {n for line in setup for stmt in ast.parse(line).body
                    for n in ([a.asname or a.name.split(".")[0] for a in stmt.names])}
@@ -124,7 +137,11 @@ def grade_one(sid: str, path: Path, data: bytes, assessment: Assessment, seed: i
     rebinds, tampering = parameter_rebinds(nb), kernel_tampering(nb)
     flags = flags_for(nb) + [f"{r} (la semilla o el perfil inyectados)" for r in rebinds] + \
         check_flags
-    grade = score(sid, path.name, info, assessment, seed, functions, flags, rebinds, tampering)
+    grade = score(sid, source, info, assessment, seed, functions, flags, rebinds, tampering)
+    grade.notes += version_notes(info.contract)
+    if grade.status != "timeout" and any(budget_reason() in r["message"]
+                                         for r in functions.values()):
+        grade.status, grade.reason = "timeout", budget_reason()
     return grade, info
 
 
@@ -137,6 +154,16 @@ def _redact_run(info: RunInfo, assessment: Assessment) -> None:
     info.reason = redact(info.reason) if info.reason else info.reason
     for error in info.errors:
         error["evalue"] = redact(error["evalue"])
+
+
+def not_graded(sid: str, source: str, status: str, reason: str, assessment: Assessment,
+               seed: int) -> Grade:
+    """The row of a submission that was refused or that the grader failed on: zero, with
+    the reason, nothing run."""
+    from .sandbox import isolation
+
+    return score(sid, source, RunInfo(status=status, reason=reason, isolation=isolation()),
+                 assessment, seed)
 
 
 def shard_of(student_id: str, n: int) -> int:
@@ -159,10 +186,16 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
                  assessments_dir: str | Path | None = None, keep_scratch: bool = False,
                  stage_limit_s: float = DEFAULTS["stage_limit_s"],
                  log: TextIO | None = None, shard: tuple[int, int] | None = None,
-                 secret_file: str | Path | None = None, nonce: str | None = None) -> list[Grade]:
+                 secret_file: str | Path | None = None, nonce: str | None = None,
+                 budget_s: float | None = None,
+                 disk_mb: int | None = DEFAULTS["disk_mb"]) -> list[Grade]:
     """Grade every ``*.ipynb`` in ``folder`` (or, with ``shard=(i, n)``, those of shard ``i``);
     write the reports under ``out`` (default ``folder/grading``) and ``run.json`` (the nonce
-    and the secret's fingerprint, :mod:`.secret`); return the grades sorted by student id."""
+    and the secret's fingerprint, :mod:`.secret`); return the grades sorted by student id.
+    Whatever one submission is or does (a link, a FIFO, a name in any bytes, code the parser
+    cannot take, an exception in the grader itself) costs its own row only. ``budget_s``:
+    seconds per submission for everything it runs (default ``BUDGET_FACTOR`` times
+    ``timeout_s``)."""
     from .secret import GENERATED_WARNING, resolve
 
     run_secret = resolve(secret_file, nonce)
@@ -171,10 +204,19 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
     assessment = find_assessment(kind, assessments_dir)
     folder = Path(folder)
     out = Path(out) if out else folder / "grading"
-    submissions = student_ids([p for p in folder.glob("*.ipynb") if p.is_file()])
+    budget_s = budget_s if budget_s is not None else BUDGET_FACTOR * timeout_s
+    if budget_s <= 0 or (disk_mb is not None and disk_mb <= 0):
+        raise ValueError(f"el presupuesto por entrega y el disco deben ser positivos (presupuesto "
+                         f"{budget_s!r} s, disco {disk_mb!r} MiB)")
+    submissions = list_submissions(folder)
     if shard is not None:
-        submissions = [(sid, p) for sid, p in submissions if shard_of(sid, shard[1]) == shard[0]]
-    contents = {sid: p.read_bytes() for sid, p in submissions}  # before any notebook runs
+        submissions = [s for s in submissions if shard_of(s.student_id, shard[1]) == shard[0]]
+    contents: dict[str, bytes | Refused] = {}
+    for sub in submissions:  # before any notebook runs
+        try:
+            contents[sub.student_id] = read_submission(sub.path)
+        except Refused as why:
+            contents[sub.student_id] = why
     executed: dict[str, dict] = {}
     logs = Path(tempfile.mkdtemp(prefix="ai-evolution-grading-"))
     for name in ("feedback", "executed"):
@@ -187,12 +229,23 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
     if log is not None:
         print(f"aislamiento: {used}", file=log, flush=True)
 
-    def job(item: tuple[int, tuple[str, Path]]) -> Grade:
-        n, (sid, path) = item
-        grade, info = grade_one(sid, path, contents[sid], assessment, seed, timeout_s,
-                                cell_timeout_s, memory_mb, stage_limit_s, logs / sid, run_secret)
-        if info.executed is not None:
-            executed[sid] = info.executed
+    def job(item) -> Grade:
+        n, sub = item
+        sid, data = sub.student_id, contents[sub.student_id]
+        try:
+            if isinstance(data, Refused):
+                grade = not_graded(sid, sub.shown, "refused", str(data), assessment, seed)
+            else:
+                grade, info = grade_one(sid, sub.shown, data, assessment, seed, timeout_s,
+                                        cell_timeout_s, memory_mb, stage_limit_s, logs / sid,
+                                        run_secret, budget_s, disk_mb)
+                if info.executed is not None:
+                    executed[sid] = info.executed
+        except Exception as err:  # noqa: BLE001 - the grader's own failure on this file only
+            grade = not_graded(sid, sub.shown, "grader_error",
+                               f"el corrector falló con esta entrega ({type(err).__name__}: "
+                               f"{clean(err, 200)}); el resto de la clase se corrigió. Avise "
+                               "a quien mantiene el corrector.", assessment, seed)
         if log is not None:
             print(f"[{n + 1}/{len(submissions)}] {sid}: {grade.status}, "
                   f"{grade.total:g} de {grade.max_total:g}", file=log, flush=True)
@@ -207,15 +260,60 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
         elif log is not None:
             print(f"registros de ejecución en {logs}", file=log)
     grades.sort(key=lambda g: g.student_id)
+    add_similarity(grades, contents, assessment, log)
     # Written once every submission has finished (and whatever it started is gone).
-    import json
-
     for sid, nb in sorted(executed.items()):
-        (out / "executed" / f"{sid}.ipynb").write_text(
-            json.dumps(nb, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        # Lone surrogates a kernel printed become JSON escapes: the file stays valid JSON.
+        (out / "executed" / f"{sid}.ipynb").write_bytes(
+            (json.dumps(nb, ensure_ascii=False, indent=1) + "\n").encode("utf-8",
+                                                                         "backslashreplace"))
     write_reports(grades, assessment, seed, out)
     (out / "run.json").write_text(run_secret.record(kind, seed), encoding="utf-8")
     return grades
+
+
+def add_similarity(grades: list[Grade], contents: dict, assessment: Assessment,
+                   log: TextIO | None) -> None:
+    """The similarity flags of every submission whose code was read (``similarity``): a
+    failure here is logged and leaves the flags empty, never the gradebook unwritten."""
+    import nbformat
+
+    from .score import NOT_RUN
+    from .similarity import similarity_flags
+
+    notebooks = {}
+    for g in grades:
+        data = contents.get(g.student_id)
+        if g.status in NOT_RUN or not isinstance(data, bytes):
+            continue
+        try:
+            notebooks[g.student_id] = nbformat.reads(data.decode("utf-8"), as_version=4)
+        except Exception:  # noqa: BLE001 - graded, but not a notebook to compare
+            continue
+    try:
+        flags = similarity_flags(notebooks, assessment.lab_folder)
+    except Exception as err:  # noqa: BLE001
+        if log is not None:
+            print(f"aviso: no se pudo calcular el parecido entre entregas ({type(err).__name__}: "
+                  f"{clean(err, 200)})", file=log)
+        return
+    for g in grades:
+        g.similarity = flags.get(g.student_id, [])
+
+
+def merged_record(parts: list[str | Path]) -> dict | None:
+    """The run record of shards that must have been graded alike (same library version, lab
+    and seed); None when no part has one."""
+    seen = {}
+    for part in map(Path, parts):
+        path = (part if part.is_dir() else part.parent) / RECORD
+        if path.is_file():
+            record = json.loads(path.read_text(encoding="utf-8"))
+            seen[str(path)] = {k: record.get(k) for k in ("ai_evolution", "lab", "seed")}
+    if len({json.dumps(r, sort_keys=True) for r in seen.values()}) > 1:
+        raise ValueError("los fragmentos no se corrigieron igual (versión de ai_evolution, "
+                         "laboratorio o semilla): " + "; ".join(f"{k}: {v}" for k, v in seen.items()))
+    return next(iter(seen.values()), None)
 
 
 def merge_outputs(parts: list[str | Path], out: str | Path) -> int:
@@ -248,9 +346,15 @@ def merge_outputs(parts: list[str | Path], out: str | Path) -> int:
     if len(runs) > 1:
         raise ValueError("los fragmentos se corrigieron con secretos o nonces distintos (run.json "
                          "no coincide): corrija todos con el mismo --secret-file y --nonce")
+    if runs:
+        (out / "run.json").write_text(runs.pop(), encoding="utf-8")
+    record = merged_record(parts)
     out.mkdir(parents=True, exist_ok=True)
     if runs:
         (out / "run.json").write_text(runs.pop(), encoding="utf-8")
+    if record is not None:
+        (out / RECORD).write_text(json.dumps(record | {"students": len(rows)}, indent=1) + "\n",
+                                  encoding="utf-8")
     for part in map(Path, parts):
         folder = part if part.is_dir() else part.parent
         for sub in ("feedback", "executed"):

@@ -1,9 +1,10 @@
-"""CLI: ``python -m ai_evolution.grading --lab KIND FOLDER [--out DIR] [--timeout S] [--jobs N]
-[--shard i/n]`` and ``python -m ai_evolution.grading merge OUT PART [PART...]``.
+"""CLI: ``python -m ai_evolution.grading --lab KIND FOLDER [--out DIR] [--timeout S] [--budget S]
+[--disk-mb N] [--jobs N] [--shard i/n]`` and ``python -m ai_evolution.grading merge OUT PART [PART...]``.
 
 Grades every ``*.ipynb`` directly inside FOLDER (one per student; the student id is the file
 name without extension), or with ``--shard i/n`` the deterministic subset ``i`` of ``n``, and
-writes ``OUT/gradebook.csv``, ``OUT/feedback/<id>.md`` and ``OUT/executed/<id>.ipynb``.
+writes ``OUT/gradebook.csv``, ``OUT/grading.json`` (the library version used),
+``OUT/feedback/<id>.md`` and ``OUT/executed/<id>.ipynb``.
 ``merge`` joins the outputs of the shards into OUT. Exit code 0 when grading (or merging)
 completed, whatever the students scored; 2 for a usage error (unknown lab, missing folder,
 bad shard, gradebooks that do not match).
@@ -18,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import DEFAULTS, grade_folder, merge_outputs, parse_shard
+from . import BUDGET_FACTOR, DEFAULTS, grade_folder, merge_outputs, parse_shard
 from .assessment import AssessmentError, available_kinds
 from .sandbox import set_subreaper
 from .secret import SecretError
@@ -52,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="carpeta de salida (por defecto FOLDER/grading)")
     parser.add_argument("--timeout", type=float, default=DEFAULTS["timeout_s"],
                         help="segundos por cuaderno entero (por defecto %(default)s)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="segundos en total por entrega: el cuaderno y cada arranque de la "
+                             f"corrección de sus ejercicios (por defecto {BUDGET_FACTOR} veces "
+                             "--timeout)")
+    parser.add_argument("--disk-mb", type=int, default=DEFAULTS["disk_mb"],
+                        help="MiB de disco por carpeta de trabajo de una entrega (por defecto "
+                             "%(default)s)")
     parser.add_argument("--cell-timeout", type=float, default=DEFAULTS["cell_timeout_s"],
                         help="segundos por celda antes de interrumpirla (por defecto %(default)s)")
     parser.add_argument("--memory-mb", type=int, default=DEFAULTS["memory_mb"],
@@ -75,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    for flag, value in (("--timeout", args.timeout), ("--budget", args.budget),
+                        ("--disk-mb", args.disk_mb), ("--memory-mb", args.memory_mb)):
+        if value is not None and not value > 0:
+            print(f"error: {flag} debe ser un número positivo, no {value!r}", file=sys.stderr)
+            return 2
     if not args.folder.is_dir():
         print(f"error: {args.folder} no es una carpeta", file=sys.stderr)
         return 2
@@ -83,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                               cell_timeout_s=args.cell_timeout, memory_mb=args.memory_mb,
                               jobs=args.jobs, seed=args.seed, assessments_dir=args.assessments,
                               keep_scratch=args.keep_scratch, log=sys.stderr, shard=shard,
-                              secret_file=args.secret_file, nonce=args.nonce)
+                              secret_file=args.secret_file, nonce=args.nonce,
+                              budget_s=args.budget, disk_mb=args.disk_mb)
     except SecretError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -200,6 +200,12 @@ def check_functions(assessment, seed: int, extract, stage_limit_s: float, memory
                 remaining.remove(event["criterion"])
                 if event.get("flag"):
                     flags.append(clean(event["flag"], 300))
+        if done.killed == "budget":  # the submission's wall clock is spent: no restart
+            from .sandbox import budget_reason
+
+            results |= {cid: _outcome(False, budget_reason()) for cid in remaining}
+            remaining = []
+            break
         current = state["current"]
         if current in remaining:
             if done.killed == "timeout":

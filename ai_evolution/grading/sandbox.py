@@ -28,7 +28,14 @@ submitted file, not from the kernel, calling them in the function worker.
 
 Limits: wall clock for the whole notebook (``timeout_s``: the tree is killed), per cell
 (``cell_timeout_s``: nbclient interrupts the cell and goes on), memory (``RLIMIT_AS`` on every
-process, and the resident memory of the whole tree), file size (``RLIMIT_FSIZE``). Everything
+process, and the resident memory of the whole tree), file size (``RLIMIT_FSIZE``). Around
+them, per submission (:func:`submission_limits`, set by the grader for everything one
+submission runs): one wall-clock budget that every process of that submission (its notebook
+and every start of its checker) draws from, and the bytes on disk of each scratch folder
+(polled; the process is killed past ``disk_mb``). Under bubblewrap ``/tmp`` and ``/dev/shm``
+are tmpfs (RAM that no RSS shows) of ``TMPFS_BYTES`` each and the rest of ``/dev`` is
+read-only, so RAM outside the RSS bound is capped too; in the session fallback ``/tmp`` is the
+machine's and only ``RLIMIT_FSIZE`` bounds a file there. Everything
 the run started is killed when it ends: the process tree (sampled every poll), any process
 that carries the run's token in its environment, and (where the grader is a child subreaper,
 as the CLI is) any orphan re-parented to the grader.
@@ -46,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -54,6 +62,8 @@ GRADING_TAG = "ai-evolution-grading"
 CELL_KEY = "ai_evolution_cell"  # cell metadata: 1-based index among the submission's code cells
 TOKEN_ENV = "AI_EVOLUTION_GRADING_RUN"
 FSIZE_LIMIT_BYTES = 512 * 2**20
+TMPFS_BYTES = 64 * 2**20  # each of /tmp and /dev/shm under bubblewrap (RAM, in no RSS)
+DISK_POLL_S = 1.0
 CONTRACT_MARKER = "@@ai-evolution-contract@@"
 _MEMORY_WORDS = ("can't allocate memory", "cannot allocate memory", "out of memory",
                  "not enough memory", "bad_alloc")
@@ -84,7 +94,7 @@ _ai_evolution_export(globals())
 class RunInfo:
     """What happened when one notebook ran (the grader's view)."""
 
-    status: str = "ok"            # ok | error | timeout | memory | invalid | crashed
+    status: str = "ok"            # ok | error | timeout | memory | disk | invalid | crashed
     reason: str = ""
     errors: list[dict] = field(default_factory=list)  # {"cell", "snippet", "ename", "evalue"}
     contract: dict | None = None  # the contract the export cell printed, parsed here
@@ -99,11 +109,29 @@ class RunInfo:
 
 # --- isolation -----------------------------------------------------------------------------------
 
+@lru_cache(maxsize=1)
+def _bwrap_sizes_tmpfs() -> bool:
+    """Whether this bubblewrap has ``--size`` (0.5 and later)."""
+    try:
+        return "--size" in subprocess.run(["bwrap", "--help"], capture_output=True, text=True,
+                                          timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def _bwrap_base(writable: list[Path], readonly: list[Path],
                 library: Path = PACKAGE_DIR) -> list[str]:
     """``library``: the package folder bound read-only (the function worker binds its stripped
     copy instead, and never sees the real one)."""
-    cmd = ["bwrap", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # /tmp and /dev/shm: tmpfs of a fixed size (an older bubblewrap cannot size one: both stay
+    # read-only, TMPDIR is in the scratch folder); the rest of /dev (a tmpfs) read-only.
+    cmd = ["bwrap", "--proc", "/proc", "--dev", "/dev"]
+    if _bwrap_sizes_tmpfs():
+        size = str(TMPFS_BYTES)
+        cmd += ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+                "--size", size, "--tmpfs", "/tmp"]
+    else:
+        cmd += ["--remount-ro", "/dev", "--dir", "/tmp"]
     for path in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys"):
         cmd += ["--ro-bind-try", path, path]
     prefixes = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(),
@@ -112,6 +140,7 @@ def _bwrap_base(writable: list[Path], readonly: list[Path],
         cmd += ["--ro-bind", str(path), str(path)]
     for path in writable:
         cmd += ["--bind", str(path), str(path)]
+    cmd += ["--remount-ro", "/"]  # bubblewrap's root is a tmpfs too: nothing to write there
     cmd += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     return cmd
@@ -332,6 +361,62 @@ def worker_main() -> int:
 
 # --- process control (the grader's side) ---------------------------------------------------------
 
+_LIMITS = threading.local()  # the limits of the submission this thread is grading
+
+
+@contextmanager
+def submission_limits(budget_s: float | None = None, disk_mb: int | None = None):
+    """Limits shared by every untrusted process this thread starts until the block ends (one
+    submission): ``budget_s`` seconds of wall clock in all, from now (a run is killed when
+    either its own timeout or the budget runs out, and one started after the budget is spent
+    does not start), and ``disk_mb`` MiB in each scratch folder."""
+    previous = getattr(_LIMITS, "value", None)
+    _LIMITS.value = {"deadline": None if budget_s is None else time.monotonic() + budget_s,
+                     "budget_s": budget_s, "disk_mb": disk_mb}
+    try:
+        yield
+    finally:
+        _LIMITS.value = previous
+
+
+def _limits() -> dict:
+    return getattr(_LIMITS, "value", None) or {"deadline": None, "budget_s": None,
+                                               "disk_mb": None}
+
+
+def budget_left() -> float | None:
+    """Seconds left in this submission's wall-clock budget (None: no budget)."""
+    deadline = _limits()["deadline"]
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def budget_reason() -> str:
+    """Why a run was stopped by the submission's budget (Spanish)."""
+    budget = _limits()["budget_s"]
+    seconds = f"{budget:g} s" if budget is not None else "sin límite"
+    return (f"se agotó el tiempo total de esta entrega ({seconds} para el cuaderno y la "
+            "corrección de los ejercicios juntos).")
+
+
+def disk_bytes(folder: Path) -> int:
+    """Bytes the files under ``folder`` occupy on disk (allocated blocks: a sparse file counts
+    what it really uses), without following links; files that vanish meanwhile count 0."""
+    total, stack = 0, [str(folder)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return total
+
 def enable_subreaper() -> bool:
     """Make this process a child subreaper: orphans of anything it started become its children
     (and :func:`sweep_orphans` can kill them). Linux only; False elsewhere."""
@@ -444,7 +529,7 @@ def _rss(processes) -> int:
 @dataclass
 class Finished:
     stdout: bytes
-    killed: str | None      # None | "timeout" | "memory" | "stopped"
+    killed: str | None      # None | "timeout" | "budget" | "memory" | "disk" | "stopped"
     returncode: int | None
 
 
@@ -454,9 +539,16 @@ def run_untrusted(cmd: list[str], job: bytes, scratch: Path, timeout_s: float, m
     and everything it started at the deadline, past the memory bound, or when ``stop()`` says
     so; then kill whatever it left behind. A process of the run that stays stopped (SIGSTOP)
     for ``STOPPED_GRACE_S`` is killed at once rather than waited for until the deadline: nothing
-    in the run can make progress again. ``on_line(bytes)`` sees each stdout line as it comes."""
+    in the run can make progress again. ``on_line(bytes)`` sees each stdout line as it comes.
+    Within :func:`submission_limits`, the submission's budget shortens the deadline (``killed
+    == "budget"``; a run with no budget left does not start) and ``scratch`` is killed past its
+    disk bound (``"disk"``)."""
     import psutil
 
+    left, disk_mb = budget_left(), _limits()["disk_mb"]
+    if left is not None and left <= 0:
+        return Finished(b"", "budget", None)
+    by_budget = left is not None and left < timeout_s
     token = secrets.token_hex(16)
     env = _base_env(scratch, token)
     if memory_mb:
@@ -487,9 +579,10 @@ def run_untrusted(cmd: list[str], job: bytes, scratch: Path, timeout_s: float, m
                    threading.Thread(target=read, daemon=True)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + (left if by_budget else timeout_s)
         seen: dict[int, psutil.Process] = {}
         stopped_since: float | None = None
+        next_disk = time.monotonic()
         try:
             while proc.poll() is None:
                 tree = _tree(proc.pid)
@@ -497,15 +590,21 @@ def run_untrusted(cmd: list[str], job: bytes, scratch: Path, timeout_s: float, m
                     seen.setdefault(p.pid, p)
                 now = time.monotonic()
                 stopped_since = (stopped_since or now) if _any_stopped(tree) else None
-                if now > deadline or (stop is not None and stop()):
+                if now > deadline:
+                    killed = "budget" if by_budget else "timeout"
+                elif stop is not None and stop():
                     killed = "timeout"
                 elif memory_mb and _rss(tree) > memory_mb * 2**20:
                     killed = "memory"
+                elif disk_mb and now >= next_disk and disk_bytes(scratch) > disk_mb * 2**20:
+                    killed = "disk"
                 elif stopped_since is not None and now - stopped_since >= STOPPED_GRACE_S:
                     killed = "stopped"
                 if killed:
                     kill_all(tree)
                     break
+                if disk_mb and now >= next_disk:
+                    next_disk = now + DISK_POLL_S
                 time.sleep(0.2)
             try:
                 proc.wait(timeout=30)
@@ -569,22 +668,19 @@ def _read_answer(done: Finished, info: RunInfo, timeout_s: float, cell_timeout_s
 
     from .kernel import clean
 
-    if done.killed == "timeout":
-        info.status = "timeout"
-        info.reason = (f"superó el límite de {timeout_s:g} s para todo el cuaderno y se detuvo; "
-                       "los ejercicios se corrigieron aparte, pero el contrato y el reto se "
-                       "pierden.")
-        return
-    if done.killed == "stopped":
-        info.status = "crashed"
-        info.reason = (f"el cuaderno detuvo un proceso del corrector (SIGSTOP) y se terminó tras "
-                       f"{STOPPED_GRACE_S:g} s detenido; los ejercicios se corrigieron aparte, "
-                       "pero el contrato y el reto se pierden.")
-        return
-    if done.killed == "memory":
-        info.status = "memory"
-        info.reason = (f"superó el límite de {memory_mb} MiB de memoria y se detuvo; los "
-                       "ejercicios se corrigieron aparte, pero el contrato y el reto se pierden.")
+    lost = "los ejercicios se corrigieron aparte, pero el contrato y el reto se pierden."
+    killed = {
+        "timeout": ("timeout", f"superó el límite de {timeout_s:g} s para todo el cuaderno y se "
+                               f"detuvo; {lost}"),
+        "budget": ("timeout", f"el cuaderno se detuvo: {budget_reason()}"),
+        "disk": ("disk", f"escribió más de {_limits()['disk_mb']} MiB en su carpeta de trabajo y "
+                         f"se detuvo; {lost}"),
+        "stopped": ("crashed", "el cuaderno detuvo un proceso del corrector (SIGSTOP) y se "
+                               f"terminó tras {STOPPED_GRACE_S:g} s detenido; {lost}"),
+        "memory": ("memory", f"superó el límite de {memory_mb} MiB de memoria y se detuvo; {lost}"),
+    }
+    if done.killed in killed:
+        info.status, info.reason = killed[done.killed]
         return
     try:
         answer = json.loads(done.stdout.decode("utf-8"))

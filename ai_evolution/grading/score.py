@@ -35,6 +35,31 @@ SUSPICIOUS = [
 ]
 
 
+# Statuses of a submission whose code never ran: every criterion carries the reason.
+NOT_RUN = ("invalid", "refused", "grader_error")
+
+
+def version_notes(contract: dict | None) -> list[str]:
+    """A Spanish warning when the contract was produced by another version of the library than
+    the grader's (``environment.versions.ai_evolution``); nothing when it matches or is absent
+    (a missing contract has its own reason)."""
+    from .. import __version__
+
+    if not isinstance(contract, dict):
+        return []
+    env = contract.get("environment")
+    versions = env.get("versions") if isinstance(env, dict) else None
+    theirs = versions.get("ai_evolution") if isinstance(versions, dict) else None
+    if theirs is None:
+        return ["el contrato no dice con qué versión de ai_evolution se produjo; el corrector "
+                f"usa la {__version__}."]
+    if str(theirs) != __version__:
+        return [f"el contrato se produjo con ai_evolution {clean(theirs, 40)} y el corrector usa "
+                f"la {__version__}: si las dos versiones difieren en el laboratorio, las "
+                "mediciones y las comprobaciones pueden no coincidir con las de su ejecución."]
+    return []
+
+
 @dataclass
 class CriterionScore:
     id: str
@@ -58,6 +83,10 @@ class Grade:
     manual: tuple[ManualItem, ...]
     flags: list[str] = field(default_factory=list)
     isolation: str = "session"
+    notes: list[str] = field(default_factory=list)       # warnings for student and instructor
+    # (share of the student's own code, other student id or None for the published solution):
+    # for human review, never points (see ``similarity``)
+    similarity: list[tuple[float, str | None]] = field(default_factory=list)
 
     @property
     def total(self) -> float:
@@ -189,7 +218,7 @@ def score(student_id: str, source: str, info: RunInfo, assessment: Assessment, s
         elif c.type == "function":
             r = functions.get(c.id)
             ok, msg = (bool(r["passed"]), r["message"]) if r else \
-                (False, not_run if status == "invalid" else "la corrección no llegó a este ejercicio.")
+                (False, not_run if status in NOT_RUN else "la corrección no llegó a este ejercicio.")
         elif c.type == "contract":
             if contract is None:
                 ok, msg = False, (f"no hay contrato: {info.contract_error}" if info.contract_error
