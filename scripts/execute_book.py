@@ -7,9 +7,10 @@ build that follows finds every page cached and executes nothing twice: each page
 exactly once per build. A page that fails is not cached; the script says which and exits 1 (the
 build would re-execute it and fail with myst-nb's message).
 
-It writes ``<out>/_build/execution_times.json``: the wall time of every page it executed, the
-lab kind of each lab page, and the total wall time (`tests/test_book.py` holds each lab to its
-``ci`` budget).
+It writes ``<out>/_build/execution_times.json``: the wall time and the kernel's CPU time of every
+page it executed, the lab kind of each lab page, and the total wall time (`tests/test_book.py`
+holds each lab's CPU time to its ``ci`` budget: wall time on a shared machine depends on what
+else runs, CPU time much less).
 
     python scripts/execute_book.py [--path-output OUT] [--jobs 2]
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -95,15 +97,23 @@ def expected_seconds(kind: str | None) -> float:
     return get_spec(kind).ci_budget_s
 
 
-def _execute(path: str, nb_json: str, timeout: int) -> tuple[str, str, float, str | None]:
-    """Worker: execute one notebook in its own folder; returns it as JSON."""
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _execute(path: str, nb_json: str, timeout: int) -> tuple[str, str, float, float, str | None]:
+    """Worker: execute one notebook in its own folder; returns it as JSON, its wall time and
+    the CPU time of its kernel (a child of this process, reaped when the execution ends: its
+    CPU seconds do not grow when another kernel shares the cores, its wall time does)."""
     import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
 
     nb = nbformat.reads(nb_json, as_version=4)
+    cpu = _children_cpu_s()
     result = single_nb_execution(nb, cwd=str(Path(path).parent), timeout=timeout,
                                  allow_errors=False, meta_override=True)
-    return path, nbformat.writes(result.nb), result.time, result.exc_string
+    return path, nbformat.writes(result.nb), result.time, _children_cpu_s() - cpu, result.exc_string
 
 
 def execute_book(out: Path, jobs: int = 2, root: Path = ROOT, timeout: int = 600,
@@ -137,18 +147,19 @@ def execute_book(out: Path, jobs: int = 2, root: Path = ROOT, timeout: int = 600
         futures = [pool.submit(_execute, str(path), nbformat.writes(nb), timeout)
                    for path, nb in todo]
         for future in as_completed(futures):
-            path, nb_json, seconds, error = future.result()
+            path, nb_json, seconds, cpu_s, error = future.result()
             rel = str(Path(path).relative_to(root))
-            pages[rel] = {"seconds": round(seconds, 2), "kind": kinds[rel]}
+            pages[rel] = {"seconds": round(seconds, 2), "cpu_seconds": round(cpu_s, 2),
+                          "kind": kinds[rel]}
             if error:
                 failed[rel] = error
                 log(f"FALLÓ {rel} ({seconds:.1f} s):\n{error[-3000:]}")
                 continue
             cache.cache_notebook_bundle(
                 CacheBundleIn(nbformat.reads(nb_json, as_version=4), path,
-                              data={"execution_seconds": seconds}),
+                              data={"execution_seconds": seconds, "cpu_seconds": cpu_s}),
                 check_validity=False, overwrite=True)
-            log(f"ejecutado {rel}: {seconds:.1f} s")
+            log(f"ejecutado {rel}: {seconds:.1f} s ({cpu_s:.1f} s de CPU)")
     report = {"jobs": jobs, "wall_s": round(time.perf_counter() - start, 2), "pages": pages,
               "failed": sorted(failed), "cpu": cpu_model()}
     (build / TIMES_FILE).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n",

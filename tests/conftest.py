@@ -258,4 +258,4 @@ def pytest_terminal_summary(terminalreporter, config):
               f"{report.get('wall_s', '?')} s with {report.get('jobs', '?')} processes "
               f"(CPU: {report.get('cpu', '?')}, {os.cpu_count()} cores)")
         for page, item in sorted(report.get("pages", {}).items(), key=lambda kv: -kv[1]["seconds"]):
-            write(f"  {item['seconds']:7.1f} s  {page}")
+            write(f"  {item['seconds']:7.1f} s ({item.get('cpu_seconds', 0):6.1f} s CPU)  {page}")

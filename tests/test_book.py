@@ -88,31 +88,35 @@ def test_book_builds_in_spanish_with_colab_links_and_no_cdn(built_book):
     assert (html / "_static" / "mathjax" / "tex-mml-chtml.js").is_file()
 
 
-def lab_execution_seconds(out: Path) -> dict[str, float | None]:
-    """Seconds each lab notebook took in the build under ``out`` (its execution-cache records:
-    `scripts/execute_book.py` stores them as it caches each page), by lab folder name."""
+def lab_cpu_seconds(out: Path) -> dict[str, float | None]:
+    """CPU seconds each lab notebook's kernel used in the build under ``out`` (its
+    execution-cache record: `scripts/execute_book.py` stores them as it caches each page), by
+    lab folder name."""
     from jupyter_cache import get_cache
 
     records = get_cache(str(out / "_build" / ".jupyter_cache")).list_cache_records()
-    return {Path(r.uri).relative_to(ROOT).parent.name: r.data.get("execution_seconds")
+    return {Path(r.uri).relative_to(ROOT).parent.name: r.data.get("cpu_seconds")
             for r in records if Path(r.uri).name == "notebook_solution.md"}
 
 
 def test_each_lab_executes_within_twice_its_ci_budget(built_book):
-    """Each lab declares what its notebook takes under `ci` on CI's 2 cores
-    (``LabSpec.ci_budget_s``); one that takes more than twice that has outgrown its budget
-    (measured by this build, not guessed). The times are printed at the end of `make test`."""
+    """Each lab declares what its notebook takes under `ci` on one of CI's cores
+    (``LabSpec.ci_budget_s``); one whose kernel uses more than twice that in CPU time has
+    outgrown its budget (measured by this build, not guessed; CPU time, because the wall time
+    of a kernel that shares two cores with the rest of the suite says more about the suite than
+    about the lab). The wall and CPU times are printed at the end of `make test`."""
     from ai_evolution.labs import get_spec, list_labs
 
     assert built_book["returncode"] == 0, built_book["log"]
-    seconds = lab_execution_seconds(built_book["out"])
+    seconds = lab_cpu_seconds(built_book["out"])
     budgets = {Path(get_spec(k).folder).name: get_spec(k).ci_budget_s for k in list_labs()}
     labs = sorted(p.parent.name for p in ROOT.glob("labs/*/notebook_solution.md"))
     assert sorted(budgets) == labs, f"labs without a registered kind: {set(labs) - set(budgets)}"
     assert sorted(seconds) == labs, f"labs without an execution record: {set(labs) - set(seconds)}"
+    assert all(s is not None and s > 0 for s in seconds.values()), seconds  # a kernel really ran
     over = {lab: f"{s:.0f} s > 2 × {budgets[lab]:.0f} s" for lab, s in seconds.items()
-            if s is None or s > 2 * budgets[lab]}
-    assert not over, f"labs over twice their `ci` budget: {over}; shrink their `ci` parameters"
+            if s > 2 * budgets[lab]}
+    assert not over, f"labs over twice their `ci` budget in CPU time: {over}; shrink their `ci` parameters"
 
 
 _STUDENT_BOX = re.compile(r'<div class="(?:[^"]*\s)?student-notebook(?:\s[^"]*)?">(.*?)</div>', re.S)

@@ -113,8 +113,9 @@ class LabSpec:
     folder: str
     params: dict[str, Param]
     run: Callable[..., dict]
-    # Seconds the lab's notebook takes in the `ci` profile on CI's 2-core CPU (measured by the
-    # book build, `scripts/execute_book.py`); the book test fails a lab that takes twice as long.
+    # CPU seconds the lab's notebook (its kernel, one torch thread) takes in the `ci` profile on
+    # CI's machine (measured by the book build, `scripts/execute_book.py`); the book test fails
+    # a lab that takes twice as long.
     ci_budget_s: float = 60.0
 
     def resolve_params(self, profile: str, given: dict[str, Any]) -> dict[str, Any]:
