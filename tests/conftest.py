@@ -249,8 +249,9 @@ def pytest_terminal_summary(terminalreporter, config):
         base = factory.getbasetemp()
     except (OSError, ValueError):
         return
-    found = [*base.glob("book*/_build/execution_times.json"),
-             *base.glob("popen-gw*/book*/_build/execution_times.json")]
+    found = {p.resolve() for pattern in ("book*/_build/execution_times.json",
+                                         "popen-gw*/book*/_build/execution_times.json")
+             for p in base.glob(pattern)}
     for times in sorted(found):
         report = json.loads(times.read_text(encoding="utf-8"))
         write = terminalreporter.write_line
