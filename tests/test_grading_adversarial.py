@@ -394,8 +394,8 @@ def grade_attacks(base: Path) -> dict:
     out = base / "notas"
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "ai_evolution.grading", "--lab", "kv_cache",
-                           str(folder), "--out", str(out), "--timeout", "150", "--cell-timeout",
-                           "60", "--memory-mb", "4096", "--disk-mb", str(DISK_MB), "--jobs", "2"],
+                           str(folder), "--out", str(out), "--timeout", "300", "--cell-timeout",
+                           "120", "--memory-mb", "4096", "--disk-mb", str(DISK_MB), "--jobs", "2"],
                           capture_output=True, text=True, timeout=1500)
     elapsed = time.monotonic() - start
     time.sleep(1)

@@ -346,8 +346,6 @@ def merge_outputs(parts: list[str | Path], out: str | Path) -> int:
     if len(runs) > 1:
         raise ValueError("los fragmentos se corrigieron con secretos o nonces distintos (run.json "
                          "no coincide): corrija todos con el mismo --secret-file y --nonce")
-    if runs:
-        (out / "run.json").write_text(runs.pop(), encoding="utf-8")
     record = merged_record(parts)
     out.mkdir(parents=True, exist_ok=True)
     if runs:
