@@ -21,6 +21,7 @@ import pytest
 
 from ai_evolution import claims
 from ai_evolution.labs import get_spec, list_labs
+from test_notebooks import _printed_contract
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,11 +46,6 @@ def busy_claim_problems(contract: dict) -> list[str]:
             problems.append(f"volatile={item.get('volatile')} for a {item['source']} claim: "
                             f"{item['statement']}")
     return problems
-
-
-def _printed_contract(nb) -> dict:
-    cell = next(c for c in nb.cells if c.cell_type == "code" and "print(to_json(contract))" in c.source)
-    return json.loads("".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream"))
 
 
 @pytest.mark.parametrize("kind", list_labs())
