@@ -6,7 +6,6 @@ Numbers are written with a decimal comma (``ai_evolution.fmt``)."""
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Callable
 
@@ -17,6 +16,7 @@ from ..engine.request import SamplingParams
 from ..fmt import es_sig, es_value
 from ..loadgen import fixed_prompt_workload
 from ..metrics import summarize
+from ..reference.continuous_batching import CHALLENGE_WIDTHS, simulated_gains  # noqa: F401
 from ..sim import SimExecutor
 from . import CheckResult, call_student, failed, passed, self_check
 from ._engine import TOY_CONFIG, TOY_COST, trace
@@ -199,28 +199,3 @@ def _metric_hint(key: str, got, reqs: list[Request]) -> str:
 
 # --- the challenge -------------------------------------------------------------------------------
 
-CHALLENGE_WIDTHS = (8, 32, 128)
-
-
-@functools.lru_cache(maxsize=8)
-def simulated_gains(dc_device: str, dc_model: str, dc_requests: int, dc_prompt_len: int,
-                    dc_mean_output: float, cap: int, max_cap: int, seed: int) -> dict[int, float]:
-    """The challenge's gains (continuous / static tokens per second) per width, simulated with
-    the library's policies and metrics in the datacenter study of section 6: the same GPU,
-    model, workload and seed. Cached: a grader checks many submissions in one process."""
-    from ..hardware import get_device_spec
-    from ..labs.continuous_batching import simulate, workload
-    from ..model import get_preset
-    from ..sim import RooflineCostModel
-
-    gpu, big = get_device_spec(dc_device), get_preset(dc_model)
-    dtype = "bf16" if "bf16" in gpu.peak_flops else "fp16"
-    cost = RooflineCostModel.from_device_spec(gpu, dtype)
-    items = workload(dc_requests, dc_prompt_len, dc_mean_output, cap, big.vocab_size, seed)
-    gains = {}
-    for b in CHALLENGE_WIDTHS:
-        tput = {p: summarize(simulate(big, cost, items, p, b, dc_prompt_len + max_cap,
-                                      dtype)[0])["throughput_tok_s"]
-                for p in ("static", "continuous")}
-        gains[b] = tput["continuous"] / tput["static"]
-    return gains

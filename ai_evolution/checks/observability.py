@@ -16,6 +16,7 @@ import numpy as np
 
 from ..fmt import es, es_sig, es_value
 from ..metrics import bootstrap_ci, percentile
+from ..reference.observability import reference_bootstrap  # noqa: F401
 from . import CheckResult, call_student, failed, passed, self_check
 
 _REL = 1e-9
@@ -159,13 +160,6 @@ def _bootstrap_hint(case: dict, got: tuple[float, float]) -> str:
             "todos los índices en una sola llamada, una fila por remuestra), calcule el percentil q "
             "de cada remuestra y, de esas n_boot estadísticas, tome los percentiles 100·alpha/2 y "
             "100·(1 − alpha/2).")
-
-
-def reference_bootstrap(values, q: float, n_boot: int = 1000, alpha: float = 0.05,
-                        seed: int | None = 0) -> tuple[float, float]:
-    """The exercise's signature on ``metrics.bootstrap_ci`` (whose second positional argument is
-    ``stat``): the autograder's reference for ``bootstrap_interval``."""
-    return bootstrap_ci(values, q=q, n_boot=n_boot, alpha=alpha, seed=seed)
 
 
 @self_check

@@ -14,6 +14,7 @@ from ai_evolution.engine import Request, SamplingParams
 from ai_evolution.fmt import es_sig, es_value
 from ai_evolution.grading import hidden, public
 from ai_evolution.metrics import summarize as reference_summarize
+from ai_evolution.reference.continuous_batching import CHALLENGE_WIDTHS, simulated_gains
 
 
 def policy(fn, ctx):
@@ -64,7 +65,7 @@ def extension(ext, contract, ctx):
     yield hidden(_gains, ext, ctx.params, ctx.seed)
 
 
-WIDTHS = checks.CHALLENGE_WIDTHS
+WIDTHS = CHALLENGE_WIDTHS
 
 
 def _gains(ext, params, seed, raise_on_fail=False):
@@ -81,7 +82,7 @@ def _gains(ext, params, seed, raise_on_fail=False):
         if not math.isclose(m[f"hb_width_{b}"], h_b, rel_tol=1e-9):
             return failed(name, i, f"hb_width_{b}", f"H_{b} = {es_sig(h_b)} (la suma de 1/k "
                           f"para k de 1 a {b}), y measurement dice {es_value(m[f'hb_width_{b}'])}.")
-    gains = checks.simulated_gains(params["dc_device"], params["dc_model"], params["dc_requests"],
+    gains = simulated_gains(params["dc_device"], params["dc_model"], params["dc_requests"],
                             params["dc_prompt_len"], params["dc_mean_output"], cap,
                             max(params["dc_caps"]), seed)
     for i, b in enumerate(WIDTHS, start=1 + len(WIDTHS)):

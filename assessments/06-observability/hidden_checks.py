@@ -11,11 +11,11 @@ import numpy as np
 
 from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import observability as checks
-from ai_evolution.checks.observability import reference_bootstrap
 from ai_evolution.fmt import es, es_sig, es_value
 from ai_evolution.grading import hidden, public
 from ai_evolution.labs.observability import datacenter_target, measure_capacity, poisson_run
 from ai_evolution.metrics import percentile as reference_percentile
+from ai_evolution.reference.observability import reference_bootstrap
 
 _REL = 1e-9
 

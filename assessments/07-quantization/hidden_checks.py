@@ -13,11 +13,12 @@ from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import quantization as checks
 from ai_evolution.fmt import es, es_sig, es_value
 from ai_evolution.grading import hidden, public
-from ai_evolution.labs.quantization import CHALLENGE_TOLERANCE, reference_predict_step_s
+from ai_evolution.labs.quantization import CHALLENGE_TOLERANCE
 from ai_evolution.model import ModelConfig, get_preset
 from ai_evolution.model.memory import linear_shapes, quantized_weight_bytes
 from ai_evolution.model.quant import dequantize_int8 as ref_dequantize_int8
 from ai_evolution.model.quant import quantize_int8 as ref_quantize_int8
+from ai_evolution.reference.quantization import reference_predict_step_s
 
 
 def _number(x) -> bool:
