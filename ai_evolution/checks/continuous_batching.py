@@ -145,8 +145,12 @@ def _metric_cases(seed: int) -> list[list[Request]]:
 def check_summarize(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(requests) -> dict`` with ``throughput_tok_s``, ``ttft_p50_s``, ``e2e_p50_s`` and
     ``e2e_p99_s`` equal to ``ai_evolution.metrics.summarize`` (relative 1e-9)."""
-    name = "métricas de servicio"
-    cases = _metric_cases(seed)
+    return summarize_result("métricas de servicio", fn, _metric_cases(seed))
+
+
+def summarize_result(name: str, fn: Callable, cases: list[list[Request]]) -> CheckResult:
+    """``fn(requests)`` against ``metrics.summarize`` on each list of finished requests of
+    ``cases``, stopping at the first difference (the public check's cases, or the autograder's)."""
     for i, reqs in enumerate(cases):
         expected = summarize(reqs)
         got, crash = call_student(name, fn, reqs)

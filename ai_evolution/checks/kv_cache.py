@@ -51,8 +51,12 @@ def kv_bytes_cases(seed: int = 0) -> list[tuple[ModelConfig, str]]:
 def check_kv_bytes_per_token(fn: Callable[[ModelConfig, str], float], seed: int = 0,
                              raise_on_fail: bool = True) -> CheckResult:
     """``fn(config, dtype) -> bytes`` must equal 2 x layers x kv_heads x head_dim x bytes(dtype)."""
-    name = "bytes de caché KV por token"
-    cases = kv_bytes_cases(seed)
+    return kv_bytes_result("bytes de caché KV por token", fn, kv_bytes_cases(seed))
+
+
+def kv_bytes_result(name: str, fn: Callable, cases: list[tuple[ModelConfig, str]]) -> CheckResult:
+    """``fn(config, dtype)`` against ``kv_bytes_per_token`` on each ``(config, dtype)`` of
+    ``cases``, stopping at the first difference (the public check's cases, or the autograder's)."""
     for i, (config, dtype) in enumerate(cases):
         expected = kv_bytes_per_token(config, dtype)
         got, crash = call_student(name, fn, config, dtype)

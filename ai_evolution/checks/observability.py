@@ -64,6 +64,9 @@ def _percentile_hint(values: list[float], q: float, got: float) -> str:
     n = len(values)
     s = sorted(values)
     variants = [
+        (lambda: percentile(values, 100 * q) if q <= 1 else math.nan,
+         "q llega siempre en la escala 0..100: q = 1 es el p1, no el p100; no lo interprete "
+         "como fracción."),
         (lambda: _linear(values, q, lambda n, q: (n - 1) * q / 100),
          "su resultado coincide con interpolar sobre los valores sin ordenar: ordénelos primero "
          "(sorted(values))."),
@@ -91,10 +94,15 @@ def _percentile_hint(values: list[float], q: float, got: float) -> str:
 def check_percentile(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(values, q) -> float``: the ``q``-th percentile (0..100) of a non-empty list, linear
     interpolation between closest ranks (numpy's default), without modifying ``values``."""
-    name = "percentil"
-    cases = _percentile_cases(seed)
+    return percentile_result("percentil", fn, _percentile_cases(seed))
+
+
+def percentile_result(name: str, fn: Callable, cases: list[tuple[list[float], float]]
+                      ) -> CheckResult:
+    """``fn(values, q)`` against ``metrics.percentile`` on each ``(values, q)`` of ``cases``,
+    stopping at the first difference (the public check's cases, or the autograder's)."""
     for i, (values, q) in enumerate(cases):
-        label = f"{len(values)} valores {_short(values)}, q = {es(q, 1)}"
+        label = f"{len(values)} valores {_short(values)}, q = {es_sig(q, 4)}"
         given = list(values)
         got, crash = call_student(name, fn, given, q)
         if crash:

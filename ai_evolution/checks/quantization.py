@@ -199,8 +199,13 @@ def check_quantize_int8(fn: Callable, seed: int = 0, model=None,
 @self_check
 def check_dequantize_int8(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(q, scale) -> float32 [N, K]``, ``q x scale`` row by row (``dequantize_int8``)."""
-    name = "descuantizar int8"
-    cases = int8_cases(seed)
+    return dequantize_result("descuantizar int8", fn, int8_cases(seed))
+
+
+def dequantize_result(name: str, fn: Callable, cases: list[tuple[str, torch.Tensor]]
+                      ) -> CheckResult:
+    """``fn(q, scale)`` against ``dequantize_int8`` on the int8 form of each ``(label, w)`` of
+    ``cases``, stopping at the first difference (the public check's cases, or the autograder's)."""
     for i, (label, w) in enumerate(cases):
         q, s = quantize_int8(w)
         expected = dequantize_int8(q, s)

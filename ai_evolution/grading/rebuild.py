@@ -44,7 +44,8 @@ ALLOWED_IMPORTS = frozenset({
     "dataclasses", "decimal", "enum", "fractions", "functools", "heapq", "itertools", "math",
     "numbers", "numpy", "operator", "random", "re", "statistics", "string", "time", "torch",
     "typing", "warnings"})
-DENIED_LIBRARY = ("ai_evolution.grading", "ai_evolution.checks")
+# The grader, its checks and the reference answers: never imported by a submission.
+DENIED_LIBRARY = ("ai_evolution.grading", "ai_evolution.checks", "ai_evolution.reference")
 DENIED_NAMES = frozenset({
     "__import__", "__builtins__", "__loader__", "__spec__", "breakpoint", "compile", "delattr",
     "eval", "exec", "exit", "globals", "help", "input", "locals", "memoryview", "open", "quit",
