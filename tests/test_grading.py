@@ -23,7 +23,7 @@ import pytest
 from ai_evolution.grading import (DEFAULTS, find_assessment, grade_folder, grade_namespace,
                                   student_ids)
 from ai_evolution.grading.assessment import available_kinds, resolve_reference
-from ai_evolution.grading.sandbox import RunInfo
+from ai_evolution.grading.notebook import RunInfo
 from ai_evolution.grading.score import score
 from ai_evolution.labs import get_spec, list_labs
 from ai_evolution.labs.contract import evidence

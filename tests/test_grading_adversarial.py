@@ -27,7 +27,8 @@ import pytest
 
 from ai_evolution.grading import (find_assessment, grade_namespace, merge_outputs, parse_shard,
                                   shard_of, student_ids)
-from ai_evolution.grading.rebuild import delegation, extract, forbidden_for, parameter_rebinds
+from ai_evolution.grading.delegation import delegation, forbidden_for
+from ai_evolution.grading.rebuild import extract, parameter_rebinds
 from ai_evolution.grading.assessment import resolve_reference
 from ai_evolution.grading.sandbox import isolation
 from ai_evolution import __version__

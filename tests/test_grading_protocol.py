@@ -96,7 +96,7 @@ def test_a_subclass_custom_object_or_callable_cannot_cross(value):
 @pytest.mark.parametrize("wire", [
     {"$obj": "os:system", "id": 1, "f": {}},                       # not an allowed type
     {"$obj": "builtins:eval", "id": 1, "f": {}},
-    {"$enum": "ai_evolution.grading.sandbox:RunInfo", "name": "x"},
+    {"$enum": "ai_evolution.grading.notebook:RunInfo", "name": "x"},
     {"$pickle": "gASV"},                                            # unknown tag
     {"$ref": 99},                                                   # unknown object
     {"$tensor": "float32", "shape": [1000], "b": ""},               # bytes do not match

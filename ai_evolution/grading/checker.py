@@ -20,7 +20,7 @@ For each criterion:
 2. the public and hidden checks run (:func:`.kernel.grade_function`) on the proxy; while it is
    checked, the worker binds the other graded names to stubs that call the library's
    references here (one wrong exercise costs only its own points);
-3. the static delegation walk (:func:`.rebuild.delegation`, run in the worker) is a flag for a
+3. the static delegation walk (:func:`.delegation.delegation`, run in the worker) is a flag for a
    human, not the defence: the references are not in the worker's library.
 
 :func:`check_functions` is the grader's side: it runs checkers until every criterion has an
