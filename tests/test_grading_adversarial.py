@@ -90,7 +90,7 @@ WRONG_KV_BYTES = """def kv_bytes_per_token(config, dtype):
 
 PATCH_IN_KERNEL = """import ai_evolution.checks as _c
 import ai_evolution.checks.kv_cache as _kc
-import ai_evolution.grading.kernel as _k
+import ai_evolution.grading.namespace as _k
 from ai_evolution.checks import CheckResult
 _c.failed = lambda name, *a, **k: _c.passed(name, 1)
 _kc.failed = _c.failed

@@ -54,7 +54,7 @@ from typing import TextIO
 from .assessment import (Assessment, AssessmentError, Criterion, Stage, find_assessment, hidden,
                          load_assessment, public)
 from .intake import Refused, list_submissions, parse_problem, read_submission, student_ids
-from .kernel import clean, grade_namespace
+from .namespace import clean, grade_namespace
 from .report import RECORD, gradebook_csv, write_reports
 from .notebook import RunInfo, run_notebook
 from .sandbox import budget_reason, submission_limits

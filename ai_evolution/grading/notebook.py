@@ -221,7 +221,7 @@ def run_notebook(data: bytes, assessment, seed: int, timeout_s: float, cell_time
         nb, info.removed_cells = prepare(nb)
         text = nbformat.writes(nb)
     except Exception as err:  # noqa: BLE001 - not a notebook
-        from .kernel import clean
+        from .namespace import clean
 
         info.status = "invalid"
         info.reason = f"el archivo no es un cuaderno de Jupyter legible ({clean(err, 200)})."
@@ -248,7 +248,7 @@ def _read_answer(done: Finished, info: RunInfo, timeout_s: float, cell_timeout_s
                  memory_mb: int) -> None:
     import nbformat
 
-    from .kernel import clean
+    from .namespace import clean
 
     lost = "los ejercicios se corrigieron aparte, pero el contrato y el reto se pierden."
     killed = {

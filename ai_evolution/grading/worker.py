@@ -248,7 +248,8 @@ def functions_main() -> int:
 
     library = Path(os.environ.get("PYTHONPATH", "/nonexistent")).resolve()
     if not Path(ai_evolution.__file__).resolve().is_relative_to(library):
-        raise SystemExit(f"the worker imported {ai_evolution.__file__}, not the stripped copy")
+        raise SystemExit(f"el proceso de funciones importó {ai_evolution.__file__}, no la copia "
+                         "de la biblioteca sin referencias")
     from .sandbox import private_stdout, set_limits
 
     out = private_stdout()
