@@ -101,3 +101,31 @@ def test_checks_and_hidden_checks_use_the_reference_package():
     for hidden in sorted((ROOT / "assessments").glob("*/hidden_checks.py")):
         text = hidden.read_text(encoding="utf-8")
         assert "checks.reference_" not in text and "checks._reference" not in text, hidden
+
+
+def test_the_challenge_gains_are_the_labs_own_datacenter_simulation():
+    """The reference of lab 3's challenge simulates what the lab's section 6 simulates: the same
+    workload and engine give the same gains, to the last bit."""
+    from ai_evolution.hardware import get_device_spec
+    from ai_evolution.labs import get_spec
+    from ai_evolution.labs.continuous_batching import simulate, workload
+    from ai_evolution.metrics import summarize
+    from ai_evolution.model import get_preset
+    from ai_evolution.reference.continuous_batching import CHALLENGE_WIDTHS, simulated_gains
+    from ai_evolution.sim import RooflineCostModel
+
+    p = get_spec("continuous_batching").resolve_params("ci", {})
+    cap, max_cap = p["dc_caps"][-1], max(p["dc_caps"])
+    gpu, big = get_device_spec(p["dc_device"]), get_preset(p["dc_model"])
+    dtype = "bf16" if "bf16" in gpu.peak_flops else "fp16"
+    cost = RooflineCostModel.from_device_spec(gpu, dtype)
+    items = workload(p["dc_requests"], p["dc_prompt_len"], p["dc_mean_output"], cap,
+                     big.vocab_size, 0)
+    lab = {}
+    for b in CHALLENGE_WIDTHS:
+        tput = {policy: summarize(simulate(big, cost, items, policy, b,
+                                           p["dc_prompt_len"] + max_cap, dtype)[0])
+                ["throughput_tok_s"] for policy in ("static", "continuous")}
+        lab[b] = tput["continuous"] / tput["static"]
+    assert simulated_gains(p["dc_device"], p["dc_model"], p["dc_requests"], p["dc_prompt_len"],
+                           p["dc_mean_output"], cap, max_cap, 0) == lab

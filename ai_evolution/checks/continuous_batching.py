@@ -16,7 +16,6 @@ from ..engine.request import SamplingParams
 from ..fmt import es_sig, es_value
 from ..loadgen import fixed_prompt_workload
 from ..metrics import summarize
-from ..reference.continuous_batching import CHALLENGE_WIDTHS, simulated_gains  # noqa: F401
 from ..sim import SimExecutor
 from . import CheckResult, call_student, failed, passed, self_check
 from ._engine import TOY_CONFIG, TOY_COST, trace
@@ -199,7 +198,3 @@ def _metric_hint(key: str, got, reqs: list[Request]) -> str:
         return "El TTFT de cada petición va de su llegada a su primer token."
     return ("La latencia de extremo a extremo de cada petición va de su llegada a su final; "
             "resúmala con el percentil pedido, interpolado.")
-
-
-# --- the challenge -------------------------------------------------------------------------------
-

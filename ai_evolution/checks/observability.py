@@ -16,7 +16,6 @@ import numpy as np
 
 from ..fmt import es, es_sig, es_value
 from ..metrics import bootstrap_ci, percentile
-from ..reference.observability import reference_bootstrap  # noqa: F401
 from . import CheckResult, call_student, failed, passed, self_check
 
 _REL = 1e-9

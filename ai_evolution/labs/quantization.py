@@ -77,7 +77,6 @@ def check_params(params: dict, config) -> None:
                             f"{err}") from None
 
 
-# --- the library's answer to exercise 3 -------------------------------------------------------
 # --- measuring: speed ---------------------------------------------------------------------------
 def step_s(model, prompt: list[int], new_tokens: int) -> float:
     """Median seconds of the decode steps of one greedy generation of ``new_tokens`` tokens
