@@ -50,8 +50,8 @@ from ..sim.attention_io import (best_tiles, flash_io, flash_io_for_memory, naive
                                 tile_candidates, working_set_bytes)
 from ..timing import torch_threads
 from .common import SERVED_MODELS
-from .contract import (evidence as _ev, met_criteria_sentence, threads_limitation,
-                       timing_limitation)
+from .contract import (claims_starting, evidence as _ev, met_criteria_sentence,
+                       threads_limitation, timing_limitation)
 from .registry import LabParamError, LabSpec, Param
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -546,8 +546,7 @@ class Findings:
         otherwise)."""
         found = verdicts(exactness, model_facts, memory, timing) if found is None else found
         return cls(params, exactness, model_facts, memory, timing, backends, io_model(params),
-                   exact={k: c for k, c in found.items() if k.startswith("exact_")},
-                   logits={k: c for k, c in found.items() if k.startswith("logits_")},
+                   exact=claims_starting(found, "exact_"), logits=claims_starting(found, "logits_"),
                    memory_naive=found["memory_naive"], memory_tiled=found["memory_tiled"],
                    memory_sdpa=found["memory_sdpa"], time_tiled_sdpa=found["time_tiled_sdpa"],
                    time_naive_tiled=found["time_naive_tiled"])

@@ -49,8 +49,8 @@ from ..speculative import (SpecStep, SpeculativeOutput, chi_square_gof, greedy_a
                            speculative_generate)
 from ..timing import torch_threads
 from .common import MODEL_DTYPE_PARAM, served_dtype
-from .contract import (evidence as _ev, met_criteria_sentence, threads_limitation,
-                       timing_limitation)
+from .contract import (claims_starting, evidence as _ev, met_criteria_sentence,
+                       threads_limitation, timing_limitation)
 from .registry import LabParamError, LabSpec, Param
 
 # |measured tokens per step - formula| / formula that still reads as "the formula predicts it":
@@ -406,12 +406,10 @@ class Findings:
         """``found``: the claims of :func:`verdicts` the page already glued (computed here
         otherwise)."""
         found = verdicts(acceptance, timing, engine, dist) if found is None else found
-
-        def group(prefix: str) -> dict[str, claims.Claim]:
-            return {k: c for k, c in found.items() if k.startswith(prefix)}
         return cls(params, acceptance, costs, timing, engine, dist, h100,
-                   formula=group("formula_"), speedup=group("speedup_"),
-                   per_batch=group("engine_"), exact_loop=found["exact_loop"],
+                   formula=claims_starting(found, "formula_"),
+                   speedup=claims_starting(found, "speedup_"),
+                   per_batch=claims_starting(found, "engine_"), exact_loop=found["exact_loop"],
                    exact_engine=found["exact_engine"], distribution=found["distribution"],
                    control=found["control"])
 
