@@ -384,6 +384,29 @@ def _median(x) -> float:
     return float(np.median(np.asarray(x, dtype=np.float64)))
 
 
+def halving_claims(rows: list[dict]) -> dict[str, claims.Claim]:
+    """For each rung up the ladder, ``halving_<format>``: does the step drop in the proportion of
+    the bytes (at least ``HALVING`` of it), step ratio over bytes ratio with a paired interval?"""
+    found = {}
+    for prev, cur in zip(rows, rows[1:]):
+        bytes_ratio = prev["bytes_per_step"] / cur["bytes_per_step"]
+        est = claims.ratio_estimate(prev["step_s"], cur["step_s"])
+        found[f"halving_{cur['label']}"] = claims.threshold(
+            est.median / bytes_ratio, HALVING, below=False, scale=100, unit="%", decimals=0,
+            interval=(est.low / bytes_ratio, est.high / bytes_ratio),
+            what=(f"de {prev['label']} a {cur['label']} los bytes por paso bajan "
+                  f"{es(bytes_ratio, 2)} veces y el paso, {es(est.median, 2)} veces: lo que baja "
+                  f"el paso / lo que bajan los bytes"),
+            passed=("el paso baja al menos en la proporción del criterio: lo que pesa en él es "
+                    "la lectura de los pesos"),
+            failed=("el paso baja bastante menos que los bytes: pesa algo más que su lectura "
+                    "(el resto del paso, desempaquetar los enteros o un kernel que no satura la "
+                    "memoria)"),
+            inconclusive=("con este ruido no se puede decir si el paso baja en la proporción de "
+                          "los bytes"))
+    return found
+
+
 @dataclass(frozen=True)
 class SpeedFindings:
     """What :func:`analyse_speed` finds in :func:`measure_speed`'s samples: the read rate, the
@@ -446,22 +469,7 @@ def analyse_speed(speed: dict, config,
                    "los bytes (un kernel que lee más despacio que la memoria)"),
             inconclusive=(f"con este ruido el paso en {row['label']} no se distingue de la "
                           "predicción"))
-    for prev, cur in zip(rows, rows[1:]):
-        bytes_ratio = prev["bytes_per_step"] / cur["bytes_per_step"]
-        est = claims.ratio_estimate(prev["step_s"], cur["step_s"])
-        found[f"halving_{cur['label']}"] = claims.threshold(
-            est.median / bytes_ratio, HALVING, below=False, scale=100, unit="%", decimals=0,
-            interval=(est.low / bytes_ratio, est.high / bytes_ratio),
-            what=(f"de {prev['label']} a {cur['label']} los bytes por paso bajan "
-                  f"{es(bytes_ratio, 2)} veces y el paso, {es(est.median, 2)} veces: lo que baja "
-                  f"el paso / lo que bajan los bytes"),
-            passed=("el paso baja al menos en la proporción del criterio: lo que pesa en él es "
-                    "la lectura de los pesos"),
-            failed=("el paso baja bastante menos que los bytes: pesa algo más que su lectura "
-                    "(el resto del paso, desempaquetar los enteros o un kernel que no satura la "
-                    "memoria)"),
-            inconclusive=("con este ruido no se puede decir si el paso baja en la proporción de "
-                          "los bytes"))
+    found |= halving_claims(rows)
     return SpeedFindings(bw_med, overhead, out, found)
 
 

@@ -232,6 +232,57 @@ class StepFindings:
                 "decode_regime": self.decode_regime, "prefill_regime": self.prefill_regime}
 
 
+def _floor_claims(measured: dict, eff_gemv: claims.Estimate) -> tuple[claims.Claim, claims.Claim]:
+    """Which floor binds (the cold GEMV against the read probe) and whether reading the weights
+    at the GEMV's rate explains most of the batch-1 step (``eff_gemv``: floor / step)."""
+    floors = claims.compare(
+        measured["gemv_gbps"], measured["bandwidth_read_gbps"],
+        what="lo que lee un producto matriz-vector frío / lo que lee la sonda de la memoria "
+             "(GB/s)",
+        higher="los kernels de la decodificación leen al menos tan deprisa como la sonda: aquí "
+               "manda el suelo de la memoria (la sonda lo subestima)",
+        lower="los kernels de la decodificación leen más despacio que la memoria: en esta "
+              "máquina manda el suelo de los kernels, no el de la memoria",
+        inconclusive="con este ruido los dos ritmos no se distinguen: ninguno de los dos suelos "
+                     "manda con claridad sobre el otro")
+    share = claims.threshold(
+        eff_gemv.median, STEP_SHARE, below=False, interval=(eff_gemv.low, eff_gemv.high),
+        what="eficiencia del paso con lote 1 frente al suelo de los kernels (suelo GEMV / paso "
+             "medido)",
+        passed="leer los pesos al ritmo de la GEMV explica más de la mitad del paso: lo que lo "
+               "limita es esa lectura",
+        failed="leer los pesos al ritmo de la GEMV no llega a la mitad del paso: pesa más todo "
+               "lo demás (Python, normalizaciones, atención, lanzar kernels)",
+        inconclusive="con este ruido no se puede decir si la lectura de los pesos explica más o "
+                     "menos de la mitad del paso")
+    return floors, share
+
+
+def _regime_claims(decode_intensity: float, prefill_intensity: float, ridge: claims.Estimate,
+                   prompt_len: int) -> tuple[claims.Claim, claims.Claim]:
+    """Where batch-1 decode and the prefill sit against the measured ridge point."""
+    def regime(intensity: float, phase: str, left: str, right: str, below: bool):
+        return claims.threshold(
+            intensity / ridge.median, 1.0, below=below, scale=1, unit="veces", decimals=2,
+            interval=(intensity / ridge.high, intensity / ridge.low),
+            what=f"intensidad {phase} / punto de cresta medido", passed=left if below else right,
+            failed=right if below else left)
+
+    decode_regime = regime(
+        decode_intensity, "de un paso de decodificación con lote 1",
+        "queda a la izquierda de la cresta: en esta máquina la decodificación con lote 1 está "
+        "limitada por la memoria",
+        "queda a la derecha de la cresta: en esta máquina la decodificación con lote 1 está "
+        "limitada por el cálculo", below=True)
+    prefill_regime = regime(
+        prefill_intensity, f"del prefill de {prompt_len} tokens",
+        "queda a la izquierda de la cresta: en esta máquina el prefill está limitado por la "
+        "memoria",
+        "queda a la derecha de la cresta: en esta máquina el prefill está limitado por el "
+        "cálculo", below=False)
+    return decode_regime, prefill_regime
+
+
 def analyse_step(measured: dict, config, dtype_name: str,
                  roofline_fn: Callable = reference_roofline) -> StepFindings:
     """The machine, prefill vs decode and the batch-1 step against its two floors.
@@ -255,52 +306,15 @@ def analyse_step(measured: dict, config, dtype_name: str,
     prefill_cost = step_cost(config, [prompt_len], [prompt_len], dtype_name)
     prefill_tps, decode_tps = prompt_len / prefill, 1 / step
 
-    floors = claims.compare(
-        measured["gemv_gbps"], measured["bandwidth_read_gbps"],
-        what="lo que lee un producto matriz-vector frío / lo que lee la sonda de la memoria "
-             "(GB/s)",
-        higher="los kernels de la decodificación leen al menos tan deprisa como la sonda: aquí "
-               "manda el suelo de la memoria (la sonda lo subestima)",
-        lower="los kernels de la decodificación leen más despacio que la memoria: en esta "
-              "máquina manda el suelo de los kernels, no el de la memoria",
-        inconclusive="con este ruido los dos ritmos no se distinguen: ninguno de los dos suelos "
-                     "manda con claridad sobre el otro")
-    share = claims.threshold(
-        eff_gemv.median, STEP_SHARE, below=False, interval=(eff_gemv.low, eff_gemv.high),
-        what="eficiencia del paso con lote 1 frente al suelo de los kernels (suelo GEMV / paso "
-             "medido)",
-        passed="leer los pesos al ritmo de la GEMV explica más de la mitad del paso: lo que lo "
-               "limita es esa lectura",
-        failed="leer los pesos al ritmo de la GEMV no llega a la mitad del paso: pesa más todo "
-               "lo demás (Python, normalizaciones, atención, lanzar kernels)",
-        inconclusive="con este ruido no se puede decir si la lectura de los pesos explica más o "
-                     "menos de la mitad del paso")
+    floors, share = _floor_claims(measured, eff_gemv)
     phases = claims.compare(
         claims.as_inputs(prefill_tps), claims.as_inputs(decode_tps),
         what=f"tokens/s del prefill de {prompt_len} tokens / tokens/s de la decodificación con "
              "lote 1",
         higher="el prefill procesa más tokens por segundo que la decodificación",
         lower="el prefill procesa menos tokens por segundo que la decodificación")
-
-    def regime(intensity: float, phase: str, left: str, right: str, below: bool):
-        return claims.threshold(
-            intensity / ridge.median, 1.0, below=below, scale=1, unit="veces", decimals=2,
-            interval=(intensity / ridge.high, intensity / ridge.low),
-            what=f"intensidad {phase} / punto de cresta medido", passed=left if below else right,
-            failed=right if below else left)
-
-    decode_regime = regime(
-        b1["intensity"], "de un paso de decodificación con lote 1",
-        "queda a la izquierda de la cresta: en esta máquina la decodificación con lote 1 está "
-        "limitada por la memoria",
-        "queda a la derecha de la cresta: en esta máquina la decodificación con lote 1 está "
-        "limitada por el cálculo", below=True)
-    prefill_regime = regime(
-        prefill_cost.intensity, f"del prefill de {prompt_len} tokens",
-        "queda a la izquierda de la cresta: en esta máquina el prefill está limitado por la "
-        "memoria",
-        "queda a la derecha de la cresta: en esta máquina el prefill está limitado por el "
-        "cálculo", below=False)
+    decode_regime, prefill_regime = _regime_claims(b1["intensity"], prefill_cost.intensity,
+                                                   ridge, prompt_len)
     return StepFindings(
         bandwidth_bytes_per_s=bw, gemv_bytes_per_s=gemv_bw, peak_flops=peak_med,
         ridge=ridge.median, ridge_interval=[ridge.low, ridge.high],
