@@ -227,7 +227,7 @@ def prefix_timing_study(model, params: dict, seed: int, repeats: int) -> dict:
 
 
 # --- conclusions -------------------------------------------------------------------------------
-def layout_claims(frag: dict) -> dict[str, claims.Claim]:
+def layout_verdicts(frag: dict) -> dict[str, claims.Claim]:
     """Paged vs contiguous, from ``fragmentation_study``'s interleaved pairs: tokens/s and the
     mean time of a step (the paged run usually takes fewer, wider steps)."""
     t = frag["timing"]
@@ -257,7 +257,7 @@ def ttft_claim(prefix: dict) -> claims.Claim:
 
 def verdicts(frag: dict, prefix: dict) -> dict[str, claims.Claim]:
     """Every timed conclusion of the lab: ``throughput``, ``step_time`` and ``ttft``."""
-    return {**layout_claims(frag), "ttft": ttft_claim(prefix)}
+    return {**layout_verdicts(frag), "ttft": ttft_claim(prefix)}
 
 
 def same_tokens_sentence(same: bool) -> str:

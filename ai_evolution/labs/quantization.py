@@ -384,7 +384,7 @@ def _median(x) -> float:
     return float(np.median(np.asarray(x, dtype=np.float64)))
 
 
-def halving_claims(rows: list[dict]) -> dict[str, claims.Claim]:
+def halving_verdicts(rows: list[dict]) -> dict[str, claims.Claim]:
     """For each rung up the ladder, ``halving_<format>``: does the step drop in the proportion of
     the bytes (at least ``HALVING`` of it), step ratio over bytes ratio with a paired interval?"""
     found = {}
@@ -469,7 +469,7 @@ def analyse_speed(speed: dict, config,
                    "los bytes (un kernel que lee más despacio que la memoria)"),
             inconclusive=(f"con este ruido el paso en {row['label']} no se distingue de la "
                           "predicción"))
-    found |= halving_claims(rows)
+    found |= halving_verdicts(rows)
     return SpeedFindings(bw_med, overhead, out, found)
 
 

@@ -177,7 +177,7 @@ def _finite_pairs(a: list, b: list) -> tuple[list[float], list[float]]:
     return [x for x, _ in keep], [y for _, y in keep]
 
 
-def tradeoff_claims(real: list[dict]) -> dict[str, claims.Claim]:
+def tradeoff_verdicts(real: list[dict]) -> dict[str, claims.Claim]:
     """The chunked-prefill trade-off on this machine, smallest budget against the largest, from
     ``tradeoff_real``'s interleaved rounds: the long prompt's TTFT, and the others' median
     inter-token gap while it is computed (the median, not the p99: a p99 over the many short
@@ -202,7 +202,7 @@ def tradeoff_claims(real: list[dict]) -> dict[str, claims.Claim]:
     return out
 
 
-def preemption_claims(pressure: list[dict]) -> dict[str, claims.Claim]:
+def preemption_verdicts(pressure: list[dict]) -> dict[str, claims.Claim]:
     """What a small pool costs on this machine, from ``preemption_study``'s interleaved rounds:
     tokens/s with the smallest pool against the largest, and (when the smallest pool preempted
     some requests and spared others) the end-to-end latency of the preempted against the spared."""
@@ -227,7 +227,7 @@ def preemption_claims(pressure: list[dict]) -> dict[str, claims.Claim]:
 def verdicts(real: list[dict], pressure: list[dict]) -> dict[str, claims.Claim]:
     """Every timed conclusion of the lab: ``ttft``, ``itl``, ``throughput`` and ``latency``
     (the last two only when their samples exist)."""
-    return {**tradeoff_claims(real), **preemption_claims(pressure)}
+    return {**tradeoff_verdicts(real), **preemption_verdicts(pressure)}
 
 
 def sim_sentence(params: dict, sim: list[dict]) -> str:
