@@ -31,7 +31,7 @@ from .. import claims
 from ..fmt import es, es_bytes
 from ..hardware import (default_dtype, get_device_spec, measure_matmul,
                         measure_stream_bandwidths, synchronize)
-from ..model import get_preset, load_model
+from ..model import ModelConfig, get_preset, load_model
 from ..model.attention import ContiguousKVCache
 from ..sim import (RooflineCostModel, StepCost, decode_step_cost, departure_batch, ridge_point,
                    step_cost, time_floor_s)
@@ -475,7 +475,7 @@ class Findings:
     measured, the samples (:func:`measure`) and what :func:`analyse_step` and
     :func:`analyse_batching` (+ :func:`with_departure`) found in them."""
 
-    config: object
+    config: ModelConfig
     dtype_name: str
     params: dict
     measured: dict
