@@ -406,10 +406,10 @@ class Findings:
     @classmethod
     def from_measurements(cls, model_info: dict, params: dict, rows: list[dict],
                           validation: dict, datacenter: dict,
-                          claims_: dict[str, claims.Claim] | None = None) -> Findings:
-        """``claims_``: the notebook's own ``verdicts(rows, validation)`` (computed here when not
+                          found: dict[str, claims.Claim] | None = None) -> Findings:
+        """``found``: the notebook's own ``verdicts(rows, validation)`` (computed here when not
         given)."""
-        v = verdicts(rows, validation) if claims_ is None else claims_
+        v = verdicts(rows, validation) if found is None else found
         return cls(model_info, params, rows, validation, datacenter, **v)
 
     @property

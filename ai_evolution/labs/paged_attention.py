@@ -323,10 +323,10 @@ class Findings:
     @classmethod
     def from_measurements(cls, model_name: str, params: dict, frag: dict, sweep: list[dict],
                           prefix: dict, chat: list[dict], eviction: list[dict], dc: dict,
-                          claims_: dict[str, claims.Claim] | None = None) -> Findings:
-        """``claims_``: the notebook's own ``verdicts(frag, prefix)`` (computed here when not
+                          found: dict[str, claims.Claim] | None = None) -> Findings:
+        """``found``: the notebook's own ``verdicts(frag, prefix)`` (computed here when not
         given), so the page and its contract carry the same claims."""
-        v = claims_ if claims_ is not None else verdicts(frag, prefix)
+        v = verdicts(frag, prefix) if found is None else found
         return cls(model_name, params, frag, sweep, prefix, chat, eviction, dc,
                    throughput=v["throughput"], step_time=v["step_time"], ttft=v["ttft"])
 

@@ -290,11 +290,11 @@ class Findings:
     @classmethod
     def from_measurements(cls, model_name: str, params: dict, real: list[dict], sim: list[dict],
                           pressure: list[dict],
-                          claims_: dict[str, claims.Claim] | None = None) -> Findings:
-        """The findings of the three measurements. ``claims_``: the notebook's own
+                          found: dict[str, claims.Claim] | None = None) -> Findings:
+        """The findings of the three measurements. ``found``: the notebook's own
         ``verdicts(real, pressure)`` (computed here when not given), so the page and its
         contract carry the same claims."""
-        v = claims_ if claims_ is not None else verdicts(real, pressure)
+        v = verdicts(real, pressure) if found is None else found
         return cls(model_name, params, real, sim, pressure, ttft=v["ttft"], itl=v.get("itl"),
                    throughput=v["throughput"], latency=v.get("latency"))
 
