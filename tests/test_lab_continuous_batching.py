@@ -6,9 +6,9 @@ import pytest
 from ai_evolution import claims
 from ai_evolution.engine import StepEntry, StepRecord
 from ai_evolution.labs import LabParamError, run_lab, without_volatile
-from ai_evolution.labs.continuous_batching import (SIM_ERROR_LIMIT, claims_of, criteria_sentence,
+from ai_evolution.labs.continuous_batching import (SIM_ERROR_LIMIT, Findings, criteria_sentence,
                                                    fastest_steps, identical_sentence, report,
-                                                   simulator_consequence, workload)
+                                                   simulator_consequence, verdicts, workload)
 from ai_evolution.model import get_preset
 from ai_evolution.sim import RooflineCostModel, fit_cost_model, step_cost
 
@@ -129,14 +129,16 @@ LOW_EVEN = _row(8, [100, 104, 98], [101, 99, 103], steps=(48, 48))  # no spread:
 
 
 def _body(rows, validation):
-    body = report(MODEL, {}, rows, validation, DATACENTER)
+    """The report's body, the verdicts and the criteria met, from hand-made measurements."""
+    findings = Findings.from_measurements(MODEL, {}, rows, validation, DATACENTER)
+    body = report(findings)
     assert claims.recheck_contract(body) == []
-    return body, claims_of(rows, validation)
+    return body, verdicts(rows, validation), findings.criteria_met
 
 
 def test_continuous_faster_in_every_pair_says_so_and_nothing_else():
     rows = [LOW_EVEN, _row(192, [100, 90, 110], [150, 140, 160])]
-    _, v = _body(rows, _validation([0.05, -0.08, 0.02, 0.1]))
+    _, v, met = _body(rows, _validation([0.05, -0.08, 0.02, 0.1]))
     assert v["gain_wide"].outcome == claims.HIGHER
     assert "rinde más" in v["gain_wide"].text and "rinde menos" not in v["gain_wide"].text
     assert "no se distingue" not in v["gain_wide"].text
@@ -148,66 +150,66 @@ def test_continuous_faster_in_every_pair_says_so_and_nothing_else():
 def test_scaled_timings_keep_the_verdicts():
     slow = [LOW_EVEN, _row(192, [10, 9, 11], [15, 14, 16])]
     fast = [LOW_EVEN, _row(192, [1000, 900, 1100], [1500, 1400, 1600])]
-    a = claims_of(slow, _validation([0.05] * 4))
-    b = claims_of(fast, _validation([0.05] * 4))
+    a = verdicts(slow, _validation([0.05] * 4))
+    b = verdicts(fast, _validation([0.05] * 4))
     assert {k: c.outcome for k, c in a.items()} == {k: c.outcome for k, c in b.items()}
 
 
 def test_static_faster_says_continuous_is_slower():
     rows = [LOW_EVEN, _row(192, [150, 140, 160], [100, 90, 110])]
-    _, v = _body(rows, _validation([0.05] * 4))
+    _, v, met = _body(rows, _validation([0.05] * 4))
     assert v["gain_wide"].outcome == claims.LOWER
     assert "rinde menos" in v["gain_wide"].text and "rinde más" not in v["gain_wide"].text
-    assert "no cumple: una ganancia medida mayor que uno" in criteria_sentence(rows, v)
+    assert "no cumple: una ganancia medida mayor que uno" in criteria_sentence(met)
 
 
 def test_overlapping_noise_is_inconclusive():
     rows = [LOW_EVEN, _row(192, [100, 160, 90], [150, 95, 105])]
-    _, v = _body(rows, _validation([0.05] * 4))
+    _, v, met = _body(rows, _validation([0.05] * 4))
     assert v["gain_wide"].outcome == claims.INCONCLUSIVE
     assert "rinde más" not in v["gain_wide"].text and "rinde menos" not in v["gain_wide"].text
 
 
 def test_a_gain_above_the_step_ratio_is_not_called_below_it():
     above = [LOW_EVEN, _row(192, [100, 101, 99], [300, 310, 305], steps=(300, 150))]
-    v = claims_of(above, _validation([0.05] * 4))
+    v = verdicts(above, _validation([0.05] * 4))
     assert v["step_gain"].outcome == claims.FAILED
     assert "supera el cociente" in v["step_gain"].text and "por debajo" not in v["step_gain"].text
     straddles = [LOW_EVEN, _row(192, [100, 100, 100], [150, 250, 210], steps=(300, 150))]
-    v = claims_of(straddles, _validation([0.05] * 4))
+    v = verdicts(straddles, _validation([0.05] * 4))
     assert v["step_gain"].outcome == claims.INCONCLUSIVE
 
 
 def test_latency_verdicts_follow_their_numbers():
     faster = _row(192, [100, 90, 110], [150, 140, 160], p50=([2.0, 2.2, 1.9], [1.0, 1.1, 0.9]),
                   p99=([6.0, 6.5, 5.5], [6.6, 7.2, 6.1]))
-    v = claims_of([LOW_EVEN, faster], _validation([0.05] * 4))
+    v = verdicts([LOW_EVEN, faster], _validation([0.05] * 4))
     assert v["e2e_p50"].outcome == claims.LOWER and "tarda menos" in v["e2e_p50"].text
     assert v["e2e_p99"].outcome == claims.HIGHER and "tardan más" in v["e2e_p99"].text
 
 
 def test_simulator_within_the_criterion_is_validated():
     rows = [LOW_EVEN, _row(192, [100, 90, 110], [150, 140, 160])]
-    body, v = _body(rows, _validation([0.05, -0.12, 0.02, 0.1]))
+    body, v, met = _body(rows, _validation([0.05, -0.12, 0.02, 0.1]))
     sim = v["simulator"]
     assert sim.outcome == claims.PASSED and "queda validado" in sim.text
     assert "no queda validado" not in sim.text
     assert "12,0\u00a0%" in sim.text and "15,0\u00a0%" in sim.text
     assert "no se superó" not in simulator_consequence(sim)
-    assert criteria_sentence(rows, v) == "El contrato de esta ejecución cumple los 4 criterios."
+    assert criteria_sentence(met) == "El contrato de esta ejecución cumple los 4 criterios."
     assert sim.text in [e["statement"] for e in body["evidence"]]
 
 
 def test_simulator_beyond_the_criterion_is_not_trusted_downstream():
     rows = [LOW_EVEN, _row(192, [100, 90, 110], [150, 140, 160])]
-    _, v = _body(rows, _validation([0.05, -0.169, 0.02, 0.1]))
+    _, v, met = _body(rows, _validation([0.05, -0.169, 0.02, 0.1]))
     sim = v["simulator"]
     assert sim.outcome == claims.FAILED and "no queda validado" in sim.text
     assert "16,9\u00a0%" in sim.text
     consequence = simulator_consequence(sim)
     assert "no se superó" in consequence and "no quedan validadas" in consequence
     assert "Con la validación superada" not in consequence
-    assert "no cumple: un error del simulador" in criteria_sentence(rows, v)
+    assert "no cumple: un error del simulador" in criteria_sentence(met)
 
 
 def test_outputs_that_differ_are_reported_as_an_error():
@@ -215,8 +217,8 @@ def test_outputs_that_differ_are_reported_as_an_error():
     text = identical_sentence(rows)
     assert "NO producen" in text and "192" in text
     assert "exactamente los mismos" not in text
-    body, v = _body(rows, _validation([0.05] * 4))
-    assert "no cumple: tokens idénticos" in criteria_sentence(rows, v)
+    body, v, met = _body(rows, _validation([0.05] * 4))
+    assert "no cumple: tokens idénticos" in criteria_sentence(met)
     assert any(e["statement"] == text and e["value"] is False for e in body["evidence"])
 
 

@@ -130,7 +130,8 @@ def test_theory_shaped_measurements_meet_every_criterion():
         found["memory_naive"].text
     assert found["time_tiled_sdpa"].outcome == claims.HIGHER
     assert "tarda más que el núcleo fusionado" in found["time_tiled_sdpa"].text
-    body = lab.report(PARAMS, GOOD_EXACT, MODEL, memory(), timing(), CPU, found)
+    body = lab.report(lab.Findings.from_measurements(PARAMS, GOOD_EXACT, MODEL, memory(), timing(),
+                                                     CPU, found))
     assert body["results"]["chapter_criteria"] == {key: True for key, _ in lab.CRITERIA}
     assert lab.criteria_sentence(body["results"]["chapter_criteria"]) == \
         f"Esta ejecución cumple los {len(lab.CRITERIA)} criterios."
@@ -149,7 +150,8 @@ def test_a_wrong_tiled_attention_is_stated_as_wrong():
     assert "es redondeo" not in found["exact_fp32"].text
     assert found["exact_fp16_extreme"].outcome == claims.FAILED
     assert "valores no finitos" in found["exact_fp16_extreme"].text
-    met = lab.report(PARAMS, bad, MODEL, memory(), timing(), CPU)["results"]["chapter_criteria"]
+    body = lab.report(lab.Findings.from_measurements(PARAMS, bad, MODEL, memory(), timing(), CPU))
+    met = body["results"]["chapter_criteria"]
     assert not met["exact_fp32"] and not met["exact_fp16"] and met["naive_overflows"]
 
 
@@ -174,7 +176,9 @@ def test_swapped_memory_and_time_say_the_opposite():
     assert "tarda más" not in fast_loop["time_tiled_sdpa"].text
     noisy = lab.timing_verdicts(timing(tiled=5.0, sdpa=5.0, noise=0.3))
     assert noisy["time_tiled_sdpa"].outcome == claims.INCONCLUSIVE
-    met = lab.report(PARAMS, GOOD_EXACT, MODEL, swapped, timing(), CPU)["results"]["chapter_criteria"]
+    body = lab.report(lab.Findings.from_measurements(PARAMS, GOOD_EXACT, MODEL, swapped, timing(),
+                                                     CPU))
+    met = body["results"]["chapter_criteria"]
     assert not met["memory_naive"] and not met["memory_tiled"]
     sentence = lab.criteria_sentence(met)
     assert sentence.startswith("Esta ejecución no cumple 2 de los 7 criterios")
@@ -184,7 +188,8 @@ def test_different_tokens_and_logits_are_stated():
     broken = MODEL | {"identical_greedy_tokens": False, "first_difference": [0, 2],
                       "logits": {"fp32": {"max_abs_diff": 0.4, "max_abs_logit": 12.0,
                                           "positions": 25}}}
-    body = lab.report(PARAMS, GOOD_EXACT, broken, memory(), timing(), CPU)
+    body = lab.report(lab.Findings.from_measurements(PARAMS, GOOD_EXACT, broken, memory(), timing(),
+                                                     CPU))
     text = " ".join(e["statement"] for e in body["evidence"])
     assert "genera distintos tokens" in text and "los mismos tokens" not in text
     met = body["results"]["chapter_criteria"]

@@ -8,8 +8,8 @@ import pytest
 
 from ai_evolution import claims
 from ai_evolution.labs import assemble_contract, get_spec, run_lab
-from ai_evolution.labs.kv_cache import (CRITERIA, criteria_sentence, report, timing_summary,
-                                        verdicts)
+from ai_evolution.labs.kv_cache import (CRITERIA, Findings, criteria_sentence, report,
+                                        timing_summary, verdicts)
 from ai_evolution.timing import fit_growth
 
 PARAMS = get_spec("kv_cache").resolve_params("ci", {})
@@ -93,7 +93,7 @@ def test_theory_shaped_measurements_take_the_theory_branches():
     assert "casi lineal" in found["growth_cached"].text
     assert "más rápido que lineal" not in found["growth_cached"].text
     assert found["logits"].outcome == claims.PASSED and "es redondeo" in found["logits"].text
-    body = report(PARAMS, facts(), THEORY, found)
+    body = report(Findings.from_measurements(PARAMS, facts(), THEORY, found))
     assert body["results"]["timing"]["chapter_criteria"] == {key: True for key, _ in CRITERIA}
     assert criteria_sentence(body["results"]["timing"]["chapter_criteria"]) == \
         f"Esta ejecución cumple los {len(CRITERIA)} criterios."
@@ -115,7 +115,8 @@ def test_swapped_measurements_say_the_opposite_and_never_the_theory():
     assert "domina el recálculo" not in found["growth_uncached"].text
     assert found["growth_cached"].outcome == claims.SUPERLINEAR
     assert "cada paso cuesta casi lo mismo" not in found["growth_cached"].text
-    met = report(PARAMS, facts(), SWAPPED, found)["results"]["timing"]["chapter_criteria"]
+    body = report(Findings.from_measurements(PARAMS, facts(), SWAPPED, found))
+    met = body["results"]["timing"]["chapter_criteria"]
     assert met == {"bytes": True, "tokens": True, "logits": True, "speed": False,
                    "growth_uncached": False, "growth_cached": False}
     sentence = criteria_sentence(met)
@@ -129,7 +130,8 @@ def test_overlapping_noise_is_inconclusive():
     assert found["speed"].outcome == claims.INCONCLUSIVE
     assert "no es concluyente" in found["speed"].text
     assert "cuesta más" not in found["speed"].text and "cuesta menos" not in found["speed"].text
-    met = report(PARAMS, facts(), OVERLAP, found)["results"]["timing"]["chapter_criteria"]
+    body = report(Findings.from_measurements(PARAMS, facts(), OVERLAP, found))
+    met = body["results"]["timing"]["chapter_criteria"]
     assert met["speed"] is False
 
 
@@ -142,7 +144,7 @@ def test_one_round_is_inconclusive():
 
 def test_a_broken_cache_is_stated_as_broken():
     bad = facts(identical=False, allocated=3_244_033, diff=0.5)
-    body = report(PARAMS, bad, THEORY)
+    body = report(Findings.from_measurements(PARAMS, bad, THEORY))
     statements = " ".join(item["statement"] for item in body["evidence"])
     assert "distinta de la predicción" in statements and "igual a la predicción" not in statements
     assert "produce distintos tokens" in statements and "los mismos tokens" not in statements
@@ -156,7 +158,7 @@ def test_a_broken_cache_is_stated_as_broken():
 @pytest.mark.parametrize("measured", [THEORY, SWAPPED, OVERLAP], ids=["teoria", "al reves", "ruido"])
 def test_the_contract_carries_the_glued_objects_and_rebuilds_them(measured):
     found = verdicts(facts(), measured)
-    body = report(PARAMS, facts(), measured, found)
+    body = report(Findings.from_measurements(PARAMS, facts(), measured, found))
     by_text = {item["statement"] for item in claims.claims_of(body)}
     assert by_text == set(texts(found).values())  # the page's sentences, not new ones
     assert claims.recheck_contract(body) == []
@@ -165,7 +167,7 @@ def test_the_contract_carries_the_glued_objects_and_rebuilds_them(measured):
 
 
 def test_a_tampered_statement_is_caught():
-    body = report(PARAMS, facts(), SWAPPED)
+    body = report(Findings.from_measurements(PARAMS, facts(), SWAPPED))
     item = next(i for i in body["evidence"] if i.get("claim", {}).get("kind") == "compare")
     item["statement"] = item["statement"].replace("cuesta menos", "cuesta más")
     assert claims.recheck_contract(body)
@@ -181,10 +183,10 @@ def test_growth_reads_the_same_fit_as_the_exercise():
 
 
 def test_only_a_small_model_is_said_to_be_bound_by_per_operation_overhead():
-    small = report(PARAMS, facts(), THEORY)["limitations"][0]
+    small = report(Findings.from_measurements(PARAMS, facts(), THEORY))["limitations"][0]
     real = facts()
     real["model"] = {**real["model"], "name": "Qwen/Qwen2.5-0.5B-Instruct", "parameters": 494_032_768}
-    large = report(PARAMS, real, THEORY)["limitations"][0]
+    large = report(Findings.from_measurements(PARAMS, real, THEORY))["limitations"][0]
     assert "5,5 M parámetros" in small and "dominado por la sobrecarga por operación" in small
     assert "Qwen/Qwen2.5-0.5B-Instruct (494,0 M parámetros)" in large
     assert "sobrecarga" not in large and "no se trasladan a otro modelo ni a otra GPU" in large

@@ -7,9 +7,9 @@ from ai_evolution import claims
 from ai_evolution.checks import paged_attention as checks
 from ai_evolution.engine import BlockPool, find_cached_prefix, hash_block
 from ai_evolution.labs import LabParamError, assemble_contract, run_lab, without_volatile
-from ai_evolution.labs.paged_attention import (block_size_sweep, datacenter_comparison,
-                                               prefix_sentence, report, same_tokens_sentence,
-                                               verdicts)
+from ai_evolution.labs.paged_attention import (Findings, block_size_sweep,
+                                               datacenter_comparison, prefix_sentence, report,
+                                               same_tokens_sentence, verdicts)
 from checkutil import fails
 
 FAST = dict(num_requests=10, prompt_len=16, mean_output=16, max_model_len=128, kv_rows=2,
@@ -118,7 +118,8 @@ def measurements(paged_tok_s, contiguous_tok_s, ttft_with, ttft_without, dc_rati
 def body_of(*args):
     frag, sweep, prefix, chat, eviction, dc = measurements(*args)
     v = verdicts(frag, prefix)
-    body = report("tiny-es", PARAMS, frag, sweep, prefix, chat, eviction, dc, v)
+    body = report(Findings.from_measurements("tiny-es", PARAMS, frag, sweep, prefix, chat,
+                                             eviction, dc, v))
     return v, body
 
 
@@ -173,7 +174,8 @@ def test_step_time_claim_reads_the_per_step_times():
 
 def test_report_computes_its_claims_when_not_given_and_assembles():
     frag, sweep, prefix, chat, eviction, dc = measurements(FAST_SIDE, SLOW_SIDE, QUICK, SLOW)
-    body = report("tiny-es", PARAMS, frag, sweep, prefix, chat, eviction, dc)
+    body = report(Findings.from_measurements("tiny-es", PARAMS, frag, sweep, prefix, chat,
+                                             eviction, dc))
     v = verdicts(frag, prefix)
     assert [e["statement"] for e in claims.claims_of(body)] == [v[k].text for k in
                                                                ("throughput", "step_time", "ttft")]

@@ -16,11 +16,11 @@ from ai_evolution import claims
 from ai_evolution.checks import quantization as checks
 from ai_evolution.labs import (LabParamError, assemble_contract, get_spec, run_lab,
                                without_volatile)
-from ai_evolution.labs.quantization import (CHALLENGE_TOLERANCE, EXPECTATIONS, analyse_kv,
+from ai_evolution.labs.quantization import (CHALLENGE_TOLERANCE, CRITERIA, Findings, analyse_kv,
                                             analyse_quality, analyse_speed, cheapest_within,
-                                            expectations, expectations_sentence,
-                                            increase_estimate, kv_budgets, pareto_front,
-                                            reference_predict_step_s, report, weights_vs_kv)
+                                            criteria_sentence, increase_estimate, kv_budgets,
+                                            pareto_front, reference_predict_step_s, report,
+                                            weights_vs_kv)
 from ai_evolution.model import get_preset
 from ai_evolution.model.memory import linear_shapes, quantized_weight_bytes
 from ai_evolution.model.shipped_models import held_out_tokens
@@ -119,7 +119,7 @@ def fixed_overhead(label, n_bytes):  # the roofline plus a fixed cost
 
 
 def outcomes(found: dict) -> dict[str, str]:
-    return {k: c.outcome for k, c in found["claims"].items()}
+    return {k: c.outcome for k, c in found.verdicts.items()}
 
 
 def test_steps_that_follow_the_bytes_take_the_expected_branches():
@@ -127,30 +127,33 @@ def test_steps_that_follow_the_bytes_take_the_expected_branches():
     got = outcomes(found)
     assert got["faster_int8"] == got["faster_int4-g128"] == claims.HIGHER
     assert got["halving_bf16"] == got["halving_int8"] == got["halving_int4-g128"] == claims.PASSED
-    assert "int8 decodifica más deprisa que bf16" in found["claims"]["faster_int8"].text
-    assert "bastante menos" not in found["claims"]["halving_int8"].text
+    assert "int8 decodifica más deprisa que bf16" in found.verdicts["faster_int8"].text
+    assert "bastante menos" not in found.verdicts["halving_int8"].text
     # bf16 calibrates an overhead that is really per byte: the quantized steps beat the prediction
     assert got["prediction_int8"] == got["prediction_int4-g128"] == claims.LOWER
-    assert "no es fija" in found["claims"]["prediction_int8"].text
-    assert [r["efficiency"] for r in found["rows"]] == pytest.approx([0.5] * 4, rel=0.05)
+    assert "no es fija" in found.verdicts["prediction_int8"].text
+    assert [r["efficiency"] for r in found.rows] == pytest.approx([0.5] * 4, rel=0.05)
 
 
 def test_a_fixed_overhead_is_predicted_and_an_unpacking_cost_is_named():
     found = analyse_speed(speed(fixed_overhead, noise=0.0, rounds=3), CFG)
-    for r in found["rows"]:
+    for r in found.rows:
         assert r["predicted_s"] == pytest.approx(r["step_s"], rel=1e-9)
     slow = analyse_speed(speed(slow_int4), CFG)
     assert outcomes(slow)["halving_int4-g128"] == claims.FAILED
-    assert "bastante menos que los bytes" in slow["claims"]["halving_int4-g128"].text
+    assert "bastante menos que los bytes" in slow.verdicts["halving_int4-g128"].text
     assert outcomes(slow)["halving_int8"] == claims.PASSED
 
 
 def test_quantized_formats_slower_than_16_bits_are_stated_as_slower():
-    found = analyse_speed(speed(slower_quantized), CFG)
+    sp = speed(slower_quantized)
+    found = analyse_speed(sp, CFG)
     assert outcomes(found)["faster_int8"] == claims.LOWER
-    assert "más despacio que bf16" in found["claims"]["faster_int8"].text
-    assert "más deprisa" not in found["claims"]["faster_int8"].text
-    assert not expectations(found["claims"] | QUALITY_FOUND["claims"])["faster_int8"]
+    assert "más despacio que bf16" in found.verdicts["faster_int8"].text
+    assert "más deprisa" not in found.verdicts["faster_int8"].text
+    findings = Findings(PARAMS, sp, found, quality(STEPPED, noise=0.5), QUALITY_FOUND, kv(0.0),
+                        analyse_kv(kv(0.0)))
+    assert not findings.criteria_met["faster_int8"]
 
 
 def test_noise_and_a_single_round_are_inconclusive():
@@ -158,7 +161,7 @@ def test_noise_and_a_single_round_are_inconclusive():
     assert outcomes(noisy)["faster_int8"] == claims.INCONCLUSIVE
     one = analyse_speed(speed(bound, rounds=1), CFG)
     assert outcomes(one)["faster_int8"] == claims.INCONCLUSIVE
-    assert "una sola medición" in one["claims"]["faster_int8"].text
+    assert "una sola medición" in one.verdicts["faster_int8"].text
 
 
 # --- hand-made quality measurements ----------------------------------------------------------
@@ -196,15 +199,15 @@ QUALITY_FOUND = analyse_quality(quality(STEPPED, noise=0.5))
 
 def test_increases_are_read_against_bf16_with_their_interval():
     found = QUALITY_FOUND
-    by = {r["label"]: r for r in found["rows"]}
+    by = {r["label"]: r for r in found.rows}
     assert by["int4-g64"]["increase_vs_bf16"] == pytest.approx(0.03, abs=2e-3)
-    assert found["claims"]["quality_int4-g64"].outcome == claims.FAILED
-    assert "sube frente a bf16" in found["claims"]["quality_int4-g64"].text
+    assert found.verdicts["quality_int4-g64"].outcome == claims.FAILED
+    assert "sube frente a bf16" in found.verdicts["quality_int4-g64"].text
     exact = analyse_quality(quality({"fp32": 0, "bf16": 0, "int8": 0.0}))
-    assert exact["claims"]["quality_int8"].outcome == claims.PASSED
+    assert exact.verdicts["quality_int8"].outcome == claims.PASSED
     noisy = analyse_quality(quality({"fp32": 0, "bf16": 0, "int8": 0.002}, noise=60.0))
-    assert noisy["claims"]["quality_int8"].outcome == claims.INCONCLUSIVE
-    assert "no se distingue" in noisy["claims"]["quality_int8"].text
+    assert noisy.verdicts["quality_int8"].outcome == claims.INCONCLUSIVE
+    assert "no se distingue" in noisy.verdicts["quality_int8"].text
 
 
 def test_increase_estimate_is_the_perplexity_ratio_and_its_interval_holds_it():
@@ -217,7 +220,7 @@ def test_increase_estimate_is_the_perplexity_ratio_and_its_interval_holds_it():
 
 
 def test_the_challenge_rule_uses_the_top_of_the_interval_and_the_front_is_pareto():
-    rows = QUALITY_FOUND["rows"]
+    rows = QUALITY_FOUND.rows
     chosen = cheapest_within(rows)
     assert all(r["increase_interval"][1] > CHALLENGE_TOLERANCE for r in rows
                if r["bytes_per_weight"] < chosen["bytes_per_weight"] and r["label"] != "fp32")
@@ -242,9 +245,9 @@ def kv(increase: float, noise: float = 0.0) -> dict:
 
 
 def test_the_int8_cache_claim_reads_the_perplexity_increase():
-    assert analyse_kv(kv(0.02))["claims"]["kv_quality"].outcome == claims.FAILED
-    assert analyse_kv(kv(0.0))["claims"]["kv_quality"].outcome == claims.PASSED
-    assert analyse_kv(kv(0.001, noise=40.0))["claims"]["kv_quality"].outcome == \
+    assert analyse_kv(kv(0.02)).kv_quality.outcome == claims.FAILED
+    assert analyse_kv(kv(0.0)).kv_quality.outcome == claims.PASSED
+    assert analyse_kv(kv(0.001, noise=40.0)).kv_quality.outcome == \
         claims.INCONCLUSIVE
 
 
@@ -268,19 +271,19 @@ def test_the_contract_carries_the_page_claims_and_a_tampered_one_is_caught():
     q = quality(STEPPED, noise=0.5)
     kvm = kv(0.001)
     kf = analyse_kv(kvm)
-    body = report(PARAMS, sp, sf, q, QUALITY_FOUND, kvm, kf)
+    body = report(Findings(PARAMS, sp, sf, q, QUALITY_FOUND, kvm, kf))
     statements = {i["statement"] for i in claims.claims_of(body)}
-    assert statements == {c.text for c in (sf["claims"] | QUALITY_FOUND["claims"]
-                                           | kf["claims"]).values()}
+    assert statements == {c.text for c in (sf.verdicts | QUALITY_FOUND.verdicts
+                                           | kf.verdicts).values()}
     contract = assemble_contract("quantization", 0, "ci", PARAMS, body, "cpu")
     assert claims.recheck_contract(contract) == []
     item = next(i for i in contract["evidence"] if "bastante menos" in i["statement"])
     item["statement"] = item["statement"].replace("bastante menos", "casi tanto")
     assert claims.recheck_contract(contract)
     met = contract["results"]["speed"]["expectations"]
-    assert met == {key: True for key, _, _ in EXPECTATIONS}
-    assert expectations_sentence(met).startswith("Esta ejecución cumple las 3")
-    assert "no cumple 1 de las 3" in expectations_sentence(met | {"faster_int8": False})
+    assert met == {key: True for key, _ in CRITERIA}
+    assert criteria_sentence(met).startswith("Esta ejecución cumple las 3")
+    assert "no cumple 1 de las 3" in criteria_sentence(met | {"faster_int8": False})
 
 
 # --- the held-out text and the reference prediction -------------------------------------------

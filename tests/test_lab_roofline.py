@@ -6,8 +6,8 @@ import pytest
 from ai_evolution import claims
 from ai_evolution.hardware import measure_stream_bandwidths
 from ai_evolution.labs import LabParamError, assemble_contract, get_spec, run_lab, without_volatile
-from ai_evolution.labs.roofline import (analyse_batching, analyse_step, mid_context, report,
-                                        supports_chapter, with_departure)
+from ai_evolution.labs.roofline import (Findings, analyse_batching, analyse_step, mid_context,
+                                        report, supports_chapter, with_departure)
 from ai_evolution.model import get_preset
 from ai_evolution.sim import decode_step_cost, departure_batch
 
@@ -78,14 +78,14 @@ def synthetic(read=(78.0, 77.0, 79.0, 78.5, 77.5), gemv=(23.6, 23.0, 24.1, 23.8,
 def analysed(measured: dict) -> tuple[dict, dict]:
     step = analyse_step(measured, CFG, "float32")
     curve = analyse_batching(measured, CFG, "float32", step)
-    part = departure_batch(curve["batch_sizes"], curve["measured_s"], curve["predicted_s"],
+    part = departure_batch(curve.batch_sizes, curve.measured_s, curve.predicted_s,
                            PARAMS["tolerance"])
     return step, with_departure(curve, part, PARAMS["tolerance"])
 
 
 def contract_of(measured: dict) -> dict:
     step, curve = analysed(measured)
-    body = report(CFG, "float32", PARAMS, measured, step, curve)
+    body = report(Findings(CFG, "float32", PARAMS, measured, step, curve))
     return assemble_contract("roofline", 0, "ci", PARAMS, body, "cpu")
 
 
@@ -96,23 +96,23 @@ def test_slow_gemv_kernels_bind_and_the_step_runs_near_their_floor():
     """The issue's AMD EPYC case: read probe 78 GB/s, cold GEMV 23,6 GB/s, the engine at 83 %
     of the GEMV floor (25 % of the read floor). The verdict must say the kernels bind."""
     step, curve = analysed(synthetic())
-    floors, share = step["claims"]["floors"], step["claims"]["share"]
+    floors, share = step.floors, step.share
     assert floors.outcome == claims.LOWER and KERNELS in floors.text and MEMORY not in floors.text
     assert share.outcome == claims.PASSED and "explica más de la mitad" in share.text
-    assert step["efficiency_gemv"] == pytest.approx(0.83, rel=0.03)
-    assert step["efficiency_read"] == pytest.approx(0.83 * 23.6 / 78, rel=0.05)
+    assert step.efficiency_gemv == pytest.approx(0.83, rel=0.03)
+    assert step.efficiency_read == pytest.approx(0.83 * 23.6 / 78, rel=0.05)
 
 
 def test_gemv_at_the_memory_rate_means_the_memory_binds():
     read = (20.0, 21.0, 19.5, 20.5, 20.2)
     step, _ = analysed(synthetic(read=read, gemv=[1.1 * r for r in read]))
-    floors = step["claims"]["floors"]
+    floors = step.floors
     assert floors.outcome == claims.HIGHER and MEMORY in floors.text and KERNELS not in floors.text
 
 
 def test_overlapping_probes_are_inconclusive():
     step, _ = analysed(synthetic(read=(20, 30, 20, 30, 25), gemv=(29, 21, 31, 19, 25)))
-    floors = step["claims"]["floors"]
+    floors = step.floors
     assert floors.outcome == claims.INCONCLUSIVE
     assert "no se distinguen" in floors.text and MEMORY not in floors.text
     assert KERNELS not in floors.text
@@ -121,33 +121,33 @@ def test_overlapping_probes_are_inconclusive():
 def test_a_step_far_above_its_floor_is_not_read_bound():
     gemv = (23.6, 23.0, 24.1, 23.8, 23.3)
     slow = [BYTES / (g * 1e9) / 0.3 for g in gemv]
-    share = analysed(synthetic(gemv=gemv, step_b1=slow))[0]["claims"]["share"]
+    share = analysed(synthetic(gemv=gemv, step_b1=slow))[0].share
     assert share.outcome == claims.FAILED and "no llega a la mitad" in share.text
     noisy = [BYTES / (g * 1e9) / e for g, e in zip(gemv, (0.2, 0.9, 0.3, 0.8, 0.5))]
-    share = analysed(synthetic(gemv=gemv, step_b1=noisy))[0]["claims"]["share"]
+    share = analysed(synthetic(gemv=gemv, step_b1=noisy))[0].share
     assert share.outcome == claims.INCONCLUSIVE and "no se puede decir" in share.text
 
 
 def test_prefill_vs_decode_follows_the_numbers():
     step, _ = analysed(synthetic())
-    assert step["claims"]["phases"].outcome == claims.HIGHER
-    assert "más tokens por segundo" in step["claims"]["phases"].text
+    assert step.phases.outcome == claims.HIGHER
+    assert "más tokens por segundo" in step.phases.text
     # a prefill so slow that it makes fewer tokens/s than decode (swapped roles)
     step, _ = analysed(synthetic(prefill=(60.0, 61.0, 59.0, 62.0, 60.5)))
-    phases = step["claims"]["phases"]
+    phases = step.phases
     assert phases.outcome == claims.LOWER and "menos tokens por segundo" in phases.text
     assert "más tokens por segundo" not in phases.text
 
 
 def test_regimes_against_the_measured_ridge():
     step, _ = analysed(synthetic())  # ridge ~1,3 FLOP/byte; decode 0,5; prefill ~129
-    assert step["claims"]["decode_regime"].outcome == claims.PASSED
-    assert "limitada por la memoria" in step["claims"]["decode_regime"].text
-    assert step["claims"]["prefill_regime"].outcome == claims.PASSED
-    assert "limitado por el cálculo" in step["claims"]["prefill_regime"].text
+    assert step.decode_regime.outcome == claims.PASSED
+    assert "limitada por la memoria" in step.decode_regime.text
+    assert step.prefill_regime.outcome == claims.PASSED
+    assert "limitado por el cálculo" in step.prefill_regime.text
     # a machine that computes slower than it reads: even batch-1 decode is compute-bound
     step, _ = analysed(synthetic(matmul=(5.0, 5.1, 4.9, 5.0, 5.05)))
-    regime = step["claims"]["decode_regime"]
+    regime = step.decode_regime
     assert regime.outcome == claims.FAILED and "limitada por el cálculo" in regime.text
     assert "limitada por la memoria" not in regime.text
 
@@ -157,19 +157,19 @@ def test_departure_batch_claim_takes_the_branch_its_rounds_support():
     # batch 2 twice the prediction in every round: it departs there
     steps = [b1, [2 * s for s in b1], [2.1 * s for s in b1]]
     _, curve = analysed(synthetic(step_b1=b1, steps=steps))
-    dep = curve["claims"]["departure"]
-    assert curve["departure_batch"] == 2 and dep.outcome == claims.FAILED
+    dep = curve.departure
+    assert curve.departure_batch == 2 and dep.outcome == claims.FAILED
     assert "se separa de la predicción del roofline en el lote 2" in dep.text
     # flat curve: none departs
     _, curve = analysed(synthetic(step_b1=b1, steps=[b1, b1, b1]))
-    dep = curve["claims"]["departure"]
-    assert curve["departure_batch"] is None and dep.outcome == claims.PASSED
+    dep = curve.departure
+    assert curve.departure_batch is None and dep.outcome == claims.PASSED
     assert "ningún lote medido se separa" in dep.text and "no se puede" not in dep.text
     # the median departs, but the rounds straddle the tolerance
     noisy = [0.1, 0.2, 0.1, 0.2, 0.14]
     _, curve = analysed(synthetic(step_b1=b1, steps=[b1, noisy, noisy]))
-    dep = curve["claims"]["departure"]
-    assert curve["departure_batch"] == 2 and dep.outcome == claims.INCONCLUSIVE
+    dep = curve.departure
+    assert curve.departure_batch == 2 and dep.outcome == claims.INCONCLUSIVE
     assert "no se puede afirmar" in dep.text
 
 
@@ -179,17 +179,17 @@ def test_a_slow_round_hits_every_batch_alike_and_does_not_fake_a_departure():
     b1 = [0.1, 0.3, 0.1, 0.1, 0.1]
     _, curve = analysed(synthetic(step_b1=b1, steps=[b1, [1.1 * s for s in b1],
                                                      [1.15 * s for s in b1]]))
-    assert curve["departure_batch"] is None
-    assert curve["claims"]["departure"].outcome == claims.PASSED
+    assert curve.departure_batch is None
+    assert curve.departure.outcome == claims.PASSED
 
 
 def test_batching_gain_claim():
     b1 = [0.1, 0.11, 0.09, 0.1, 0.105]
     _, curve = analysed(synthetic(step_b1=b1, steps=[b1, b1, [1.5 * s for s in b1]]))
-    gain = curve["claims"]["gain"]
+    gain = curve.gain
     assert gain.outcome == claims.HIGHER and "más tokens por segundo que una sola" in gain.text
     _, curve = analysed(synthetic(step_b1=b1, steps=[b1, b1, [6 * s for s in b1]]))
-    gain = curve["claims"]["gain"]
+    gain = curve.gain
     assert gain.outcome == claims.LOWER and "menos tokens por segundo que una sola" in gain.text
 
 
@@ -199,10 +199,10 @@ def test_report_stores_the_same_claims_and_they_recheck():
     contract = contract_of(measured)
     assert claims.recheck_contract(contract) == []
     statements = [item["statement"] for item in claims.claims_of(contract)]
-    for c in [*step["claims"].values(), *curve["claims"].values()]:
+    for c in [*step.verdicts.values(), *curve.verdicts.values()]:
         assert c.text in statements
     assert contract["results"]["verdicts"]["floors"] == claims.LOWER
-    assert contract["results"]["floor"]["gemv_efficiency"] == pytest.approx(step["efficiency_gemv"])
+    assert contract["results"]["floor"]["gemv_efficiency"] == pytest.approx(step.efficiency_gemv)
     # a tampered sentence is caught
     item = next(i for i in contract["evidence"] if "claim" in i)
     item["statement"] = item["statement"].replace("más despacio", "más deprisa")

@@ -8,8 +8,8 @@ from ai_evolution.checks import scheduler as checks
 from ai_evolution.engine import newest_unfinished, tokens_for
 from ai_evolution.grading import find_assessment
 from ai_evolution.labs import LabParamError, assemble_contract, run_lab, without_volatile
-from ai_evolution.labs.scheduler import (preemption_sentence, report, same_tokens_sentence,
-                                         sim_sentence, verdicts)
+from ai_evolution.labs.scheduler import (Findings, preemption_sentence, report,
+                                         same_tokens_sentence, sim_sentence, verdicts)
 from checkutil import fails
 
 FAST = dict(max_model_len=256, decoders=3, decoder_prompt=2, decode_tokens=40, long_prompt=96, warmup_steps=2,
@@ -106,7 +106,7 @@ UNSURE = "no es concluyente"
 
 def build(real, pressure):
     v = verdicts(real, pressure)
-    body = report("tiny-es", PARAMS, real, SIM, pressure, v)
+    body = report(Findings.from_measurements("tiny-es", PARAMS, real, SIM, pressure, v))
     assert claims.recheck_contract(body) == []
     statements = [e["statement"] for e in body["evidence"]]
     assert all(c.text in statements for c in v.values())  # the page's objects are the contract's
@@ -185,7 +185,7 @@ def test_sim_sentence_takes_the_branch_of_its_numbers():
 
 def test_report_assembles_into_a_valid_contract_whose_claims_recheck():
     real, pools = real_rows(SLOW3, FAST3, FAST3, SLOW3), POOLS
-    body = report("tiny-es", PARAMS, real, SIM, pools)  # computes its own claims
+    body = report(Findings.from_measurements("tiny-es", PARAMS, real, SIM, pools))  # own claims
     contract = assemble_contract("scheduler", 0, "ci", dict(FAST, **PARAMS), body, "cpu")
     assert claims.recheck_contract(contract) == []
     assert len(claims.claims_of(contract)) == 4

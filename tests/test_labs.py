@@ -1,5 +1,8 @@
 """run_lab, the registry, the contract schema and the CLI."""
 
+import dataclasses
+import importlib
+import inspect
 import json
 import subprocess
 import sys
@@ -7,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ai_evolution.labs import (ContractError, LabParamError, list_labs, resolve_profile, run_lab,
-                               validate_contract, without_volatile)
+from ai_evolution.labs import (ContractError, LabParamError, get_spec, list_labs, resolve_profile,
+                               run_lab, validate_contract, without_volatile)
 
 ROOT = Path(__file__).resolve().parents[1]
 # A small but complete run of the kv_cache lab (a few seconds on 2 cores).
@@ -108,3 +111,29 @@ def test_cli_reports_bad_parameter_with_exit_code_2():
 
 def test_list_labs_includes_kv_cache():
     assert "kv_cache" in list_labs()
+
+
+# --- one shape for every lab: measurements -> Findings -> report(findings) ------------------------
+def lab_module(kind: str):
+    return importlib.import_module(get_spec(kind).run.__module__)
+
+
+@pytest.mark.parametrize("kind", list_labs())
+def test_every_lab_reports_from_one_frozen_findings(kind):
+    mod = lab_module(kind)
+    assert dataclasses.is_dataclass(mod.Findings) and mod.Findings.__dataclass_params__.frozen
+    params = list(inspect.signature(mod.report).parameters.values())
+    assert len(params) == 1 and params[0].annotation in ("Findings", mod.Findings), kind
+
+
+@pytest.mark.parametrize("kind", list_labs())
+def test_every_lab_names_its_claims_and_criteria_alike(kind):
+    """Claims come from ``verdicts``-named functions and criteria from ``CRITERIA``, in every lab:
+    the words of one lab (``EXPECTATIONS``, ``claims_of``) do not come back."""
+    mod = lab_module(kind)
+    names = set(vars(mod))
+    assert not names & {"EXPECTATIONS", "expectations", "expectations_sentence", "claims_of",
+                        "chapter_criteria"}, kind
+    if "criteria_sentence" in names:
+        keys = [key for key, _ in mod.CRITERIA]
+        assert hasattr(mod.Findings, "criteria_met") and len(set(keys)) == len(keys)

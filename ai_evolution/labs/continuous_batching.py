@@ -1,7 +1,8 @@
 """Lab ``continuous_batching`` (chapter 3): static vs iteration-level batching on the real engine.
 
 Measured on the reader's device, in one run (``run`` for ``run_lab``; the notebook calls the same
-functions with the student's policy and builds its contract with :func:`report`):
+functions with the student's policy and builds its contract with :class:`Findings` and
+:func:`report`):
 
 1. :func:`compare_policies`: Anyscale's experiment at laptop scale. One model, prompts of one
    length, output lengths from a capped exponential; for each cap the same workload is served
@@ -20,9 +21,10 @@ functions with the student's policy and builds its contract with :func:`report`)
 3. :func:`datacenter_study`: the same study at datacenter scale in the simulator (a 7-8B model on
    an H100, datasheet numbers), with the same scheduler. Deterministic.
 
-:func:`report` turns those plain structures into the contract's body. Every conclusion about this
-machine in it is a :mod:`ai_evolution.claims` claim (a verdict with its interval or criterion),
-the same object the notebook glues into the page.
+:class:`Findings` holds those plain structures and every conclusion about this machine, each a
+:mod:`ai_evolution.claims` claim (a verdict with its interval or criterion, from
+:func:`verdicts`), the same object the notebook glues into the page; :func:`report` turns the
+findings into the contract's body.
 """
 
 from __future__ import annotations
@@ -354,7 +356,7 @@ def identical_sentence(rows: list[dict]) -> str:
             "decodificación voraz deberían; hay un error en la política o en el motor.")
 
 
-def claims_of(rows: list[dict], validation: dict) -> dict[str, claims.Claim]:
+def verdicts(rows: list[dict], validation: dict) -> dict[str, claims.Claim]:
     """Every claim of the lab by key (the notebook glues each as ``cb_<key>_verdict``)."""
     wide, low = rows[-1], rows[0]
     return {"gain_wide": gain_claim(wide), "gain_low": gain_claim(low),
@@ -363,38 +365,77 @@ def claims_of(rows: list[dict], validation: dict) -> dict[str, claims.Claim]:
             "simulator": simulator_claim(validation)}
 
 
-def criteria_sentence(rows: list[dict], verdicts: dict[str, claims.Claim]) -> str:
-    """Which of the chapter's four criteria this run's contract meets."""
-    steps = [r["static"]["steps"] / r["continuous"]["steps"] for r in rows]
-    checks = [
-        ("tokens idénticos en las dos políticas", all(r["outputs_identical"] for r in rows)),
-        ("menos pasos con el continuo cuanto mayor es el tope",
-         all(b >= a for a, b in zip(steps, steps[1:])) and steps[-1] > 1),
-        ("una ganancia medida mayor que uno con el tope más alto",
-         verdicts["gain_wide"].outcome == claims.HIGHER),
-        (f"un error del simulador por debajo del {es(100 * SIM_ERROR_LIMIT, 0)} %",
-         verdicts["simulator"].outcome == claims.PASSED),
-    ]
-    met = [name for name, ok in checks if ok]
-    missed = [name for name, ok in checks if not ok]
+CRITERIA = (
+    ("tokens", "tokens idénticos en las dos políticas"),
+    ("steps", "menos pasos con el continuo cuanto mayor es el tope"),
+    ("gain", "una ganancia medida mayor que uno con el tope más alto"),
+    ("simulator", f"un error del simulador por debajo del {es(100 * SIM_ERROR_LIMIT, 0)} %"),
+)
+
+
+def criteria_sentence(met: dict[str, bool]) -> str:
+    """Which of the chapter's four criteria (``CRITERIA``) this run's contract meets, from the
+    booleans (``Findings.criteria_met``)."""
+    n_met = sum(met[key] for key, _ in CRITERIA)
+    missed = [text for key, text in CRITERIA if not met[key]]
     if not missed:
-        return f"El contrato de esta ejecución cumple los {len(checks)} criterios."
-    return (f"El contrato de esta ejecución cumple {len(met)} de los {len(checks)} criterios; no "
+        return f"El contrato de esta ejecución cumple los {len(CRITERIA)} criterios."
+    return (f"El contrato de esta ejecución cumple {n_met} de los {len(CRITERIA)} criterios; no "
             f"cumple: {'; '.join(missed)}. En lo que falla, esta ejecución no respalda el capítulo.")
 
 
-# --- the contract's body ----------------------------------------------------------------------
-def report(model_info: dict, params: dict, rows: list[dict], validation: dict,
-           datacenter: dict) -> dict:
-    """The contract's body from the three studies (plain numbers; no measurement here).
+@dataclasses.dataclass(frozen=True)
+class Findings:
+    """What the lab found, between its measurements and its report: the three studies
+    (:func:`policy_row` per cap, :func:`simulator_validation`, :func:`datacenter_study`), the
+    model served (``model_info``: ``name``, ``dtype``, ``parameters``) and the claims drawn
+    from them, by name."""
 
-    ``model_info``: ``name``, ``dtype``, ``parameters``; ``rows``: :func:`policy_row` per cap;
-    ``validation``: :func:`simulator_validation`; ``datacenter``: :func:`datacenter_study`."""
-    wide, dc_wide = rows[-1], datacenter["runs"][-1]
-    verdicts = claims_of(rows, validation)
-    all_identical = all(r["outputs_identical"] for r in rows)
-    results = {
-        "model": dict(model_info),
+    model_info: dict
+    params: dict
+    rows: list[dict]
+    validation: dict
+    datacenter: dict
+    gain_wide: claims.Claim
+    gain_low: claims.Claim
+    step_gain: claims.Claim
+    e2e_p50: claims.Claim
+    e2e_p99: claims.Claim
+    simulator: claims.Claim
+
+    @classmethod
+    def from_measurements(cls, model_info: dict, params: dict, rows: list[dict],
+                          validation: dict, datacenter: dict,
+                          found: dict[str, claims.Claim] | None = None) -> Findings:
+        """``found``: the notebook's own ``verdicts(rows, validation)`` (computed here when not
+        given)."""
+        v = verdicts(rows, validation) if found is None else found
+        return cls(model_info, params, rows, validation, datacenter, **v)
+
+    @property
+    def widest(self) -> dict:
+        """The row of the highest cap."""
+        return self.rows[-1]
+
+    @property
+    def outputs_identical(self) -> bool:
+        return all(r["outputs_identical"] for r in self.rows)
+
+    @property
+    def criteria_met(self) -> dict[str, bool]:
+        """Which of the chapter's criteria (``CRITERIA``) this run meets."""
+        steps = [r["static"]["steps"] / r["continuous"]["steps"] for r in self.rows]
+        return {"tokens": self.outputs_identical,
+                "steps": all(b >= a for a, b in zip(steps, steps[1:])) and steps[-1] > 1,
+                "gain": self.gain_wide.outcome == claims.HIGHER,
+                "simulator": self.simulator.outcome == claims.PASSED}
+
+
+# --- the contract's body ----------------------------------------------------------------------
+def _results(f: Findings) -> dict:
+    rows = f.rows
+    return {
+        "model": dict(f.model_info),
         # deterministic for one seed: the schedule does not depend on timing
         "measured": {
             "cap": [r["cap"] for r in rows], "output_tokens": [r["output_tokens"] for r in rows],
@@ -404,17 +445,22 @@ def report(model_info: dict, params: dict, rows: list[dict], validation: dict,
                for k in ("steps", "mean_batch", "idle_held_fraction")}},
         # one value per repetition (interleaved pairs), per cap
         "measured_timing": {
-            "repeats": len(wide["static"]["wall_s"]),
+            "repeats": len(f.widest["static"]["wall_s"]),
             "throughput_ratio": [r["throughput_ratio"] for r in rows],
             **{k: {p: [r[p][k] for r in rows] for p in POLICY_NAMES}
                for k in ("wall_s", "throughput_tok_s", "ttft_p50_s", "e2e_p50_s", "e2e_p99_s")}},
-        "simulator_validation": {k: v for k, v in validation.items() if k != "cost_model"},
-        "datacenter": {k: v for k, v in datacenter.items()
+        "simulator_validation": {k: v for k, v in f.validation.items() if k != "cost_model"},
+        "datacenter": {k: v for k, v in f.datacenter.items()
                        if k not in ("cost_model", "config", "max_model_len")},
     }
-    evidence = [
-        verdicts["gain_wide"].evidence("x"),
-        verdicts["gain_low"].evidence("x"),
+
+
+def _evidence(f: Findings) -> list[dict]:
+    wide, datacenter = f.widest, f.datacenter
+    dc_wide = datacenter["runs"][-1]
+    return [
+        f.gain_wide.evidence("x"),
+        f.gain_low.evidence("x"),
         _ev(f"Con tope {wide['cap']}, el estático necesita {wide['static']['steps']} pasos y el "
             f"continuo {wide['continuous']['steps']}; en el estático el "
             f"{es(100 * wide['static']['idle_held_fraction'], 0)} % de las filas-paso de la caché "
@@ -423,18 +469,21 @@ def report(model_info: dict, params: dict, rows: list[dict], validation: dict,
         _ev(f"Con tope {wide['cap']}, el cociente de pasos estático/continuo es "
             f"{es(wide['step_ratio'], 2)}: la ganancia que daría el planificador si un paso costara "
             "lo mismo con cualquier lote.", wide["step_ratio"], "x"),
-        verdicts["step_gain"].evidence("x"),
-        verdicts["e2e_p50"].evidence("x"),
-        verdicts["e2e_p99"].evidence("x"),
-        _ev(identical_sentence(rows), all_identical, "bool"),
-        verdicts["simulator"].evidence("fracción"),
+        f.step_gain.evidence("x"),
+        f.e2e_p50.evidence("x"),
+        f.e2e_p99.evidence("x"),
+        _ev(identical_sentence(f.rows), f.outputs_identical, "bool"),
+        f.simulator.evidence("fracción"),
         _ev(f"Simulado en una {datacenter['device']} con {datacenter['model']} en "
             f"{datacenter['dtype']} (datos de la hoja de datos), el batching continuo da "
             f"{es(dc_wide['throughput_ratio'], 2)} veces el rendimiento del estático con tope "
             f"{dc_wide['cap']}.", dc_wide["throughput_ratio"], "x", "computed"),
     ]
-    limitations = [
-        threads_limitation(params.get("torch_threads", 0)),
+
+
+def _limitations(f: Findings) -> list[str]:
+    return [
+        threads_limitation(f.params.get("torch_threads", 0)),
         "En una CPU un paso con el lote lleno puede costar bastante más que uno medio vacío (las "
         "multiplicaciones de pocas filas no salen gratis), y entonces la ganancia medida queda por debajo del "
         "cociente de pasos; en una GPU limitada por memoria el paso casi no depende del lote.",
@@ -447,13 +496,17 @@ def report(model_info: dict, params: dict, rows: list[dict], validation: dict,
         "de otra máquina.",
         datasheet_sim_limitation(),
         f"Los tiempos se miden en una máquina que puede estar compartida. Cada comparación entre "
-        f"políticas usa {len(wide['static']['wall_s'])} pares intercalados y un intervalo bootstrap "
+        f"políticas usa {len(f.widest['static']['wall_s'])} pares intercalados y un intervalo bootstrap "
         "del 95 % de su cociente: con tan pocos pares, un intervalo que excluya el 1 por azar es "
         "poco probable pero no imposible. La validación del simulador toma de cada paso la más "
         "rápida de sus pasadas: describe la máquina cuando el vecino la deja, no su peor momento.",
     ]
-    return {"environment": {"model": model_info["name"], "dtype": model_info["dtype"]},
-            "results": results, "evidence": evidence, "limitations": limitations,
+
+
+def report(f: Findings) -> dict:
+    """The contract's body from the lab's findings (plain numbers; no measurement here)."""
+    return {"environment": {"model": f.model_info["name"], "dtype": f.model_info["dtype"]},
+            "results": _results(f), "evidence": _evidence(f), "limitations": _limitations(f),
             "volatile_fields": ["results.measured_timing", "results.simulator_validation"]}
 
 
@@ -487,8 +540,9 @@ def _run(seed: int, params: dict, device: torch.device) -> dict:
     sim_items = validation_workloads(params, cfg.vocab_size, seed)
     widths = measure_widths(model, sim_items, params["validation_widths"], max_len, reps)
     validation = simulator_validation(cfg, dtype, widths, sim_items, bw.max, max_len)
-    return report({"name": cfg.name, "dtype": dtype, "parameters": model.num_parameters()},
-                  params, rows, validation, datacenter_study(params, seed))
+    model_info = {"name": cfg.name, "dtype": dtype, "parameters": model.num_parameters()}
+    return report(Findings.from_measurements(model_info, params, rows, validation,
+                                             datacenter_study(params, seed)))
 
 
 SPEC = LabSpec(

@@ -99,6 +99,12 @@ def evidence(statement: str, value: Any, unit: str, source: str = "computed",
     return item
 
 
+def claims_starting(found: dict, prefix: str) -> dict:
+    """The claims of ``found`` whose key starts with ``prefix`` (one per case, per k, per batch
+    size...), in their order."""
+    return {k: c for k, c in found.items() if k.startswith(prefix)}
+
+
 def datasheet_sim_limitation() -> str:
     """The limitation every lab that simulates a datacenter GPU from its datasheet must state."""
     return ("El simulador de centro de datos usa el roofline de la hoja de datos sin sobrecarga: es "

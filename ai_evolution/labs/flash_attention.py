@@ -13,12 +13,13 @@
 4. Time (measured, volatile, :func:`measure_timing`): the three variants interleaved call by
    call. A Python loop of tiles moves FlashAttention's bytes but is not a fused kernel.
 5. The SDPA backends this machine runs (:func:`sdpa_backends`, read at run time) and the IO
-   model (computed in :func:`report`, ``sim.attention_io``): bytes moved between slow and fast
+   model (computed in :class:`Findings`, ``sim.attention_io``): bytes moved between slow and fast
    memory by naive and tiled attention as a function of ``N``, the tiles and the fast memory.
 
-:func:`report` turns the measurements into the contract's body, every conclusion about this
-machine a :mod:`ai_evolution.claims` claim; ``run`` = measure + report (``run_lab``, the CLI,
-the grader), and the notebook calls the same functions with the student's attention plugged in.
+:class:`Findings` holds the measurements and every conclusion about this machine, each a
+:mod:`ai_evolution.claims` claim; :func:`report` turns the findings into the contract's body.
+``run`` = measure + findings + report (``run_lab``, the CLI, the grader), and the notebook calls
+the same functions with the student's attention plugged in.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import functools
 import math
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -45,8 +47,8 @@ from ..sim.attention_io import (best_tiles, flash_io, flash_io_for_memory, naive
                                 tile_candidates, working_set_bytes)
 from ..timing import torch_threads
 from .common import SERVED_MODELS
-from .contract import (evidence as _ev, met_criteria_sentence, threads_limitation,
-                       timing_limitation)
+from .contract import (claims_starting, evidence as _ev, met_criteria_sentence,
+                       threads_limitation, timing_limitation)
 from .registry import LabParamError, LabSpec, Param
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -490,22 +492,68 @@ CRITERIA = (
 )
 
 
-def chapter_criteria(exactness: list[dict], model_facts: dict,
-                     found: dict[str, claims.Claim]) -> dict[str, bool]:
-    """Which of the chapter's criteria (``CRITERIA``) this run meets. Time is not one: a Python
-    loop of tiles is not the kernel FlashAttention's bytes are meant for."""
-    logit_claims = [c for k, c in found.items() if k.startswith("logits_")]
-    return {
-        "exact_fp32": all(c.outcome == claims.PASSED for k, c in found.items()
-                          if k.startswith("exact_fp32")),
-        "exact_fp16": all(c.outcome == claims.PASSED for k, c in found.items()
-                          if k.startswith("exact_fp16")),
-        "naive_overflows": extreme_case(exactness)["nonfinite_share"]["naive"] > 0,
-        "tokens": bool(model_facts["identical_greedy_tokens"]),
-        "logits": bool(logit_claims) and all(c.outcome == claims.PASSED for c in logit_claims),
-        "memory_naive": found["memory_naive"].outcome == claims.SUPERLINEAR,
-        "memory_tiled": found["memory_tiled"].outcome == claims.LINEAR,
-    }
+@dataclass(frozen=True)
+class Findings:
+    """What the lab found, between its measurements and its report: the measurements
+    (:func:`measure_exactness`, :func:`measure_model`, :func:`measure_memory`,
+    :func:`measure_timing`, :func:`sdpa_backends`), the IO model, and the claims drawn from them
+    by name (``exact`` and ``logits`` hold one claim per case, by their keys in
+    :func:`verdicts`)."""
+
+    params: dict
+    exactness: list[dict]
+    model_facts: dict
+    memory: dict
+    timing: dict
+    backends: dict
+    io: dict
+    exact: dict[str, claims.Claim]
+    logits: dict[str, claims.Claim]
+    memory_naive: claims.Claim
+    memory_tiled: claims.Claim
+    memory_sdpa: claims.Claim
+    time_tiled_sdpa: claims.Claim
+    time_naive_tiled: claims.Claim
+
+    @classmethod
+    def from_measurements(cls, params: dict, exactness: list[dict], model_facts: dict,
+                          memory: dict, timing: dict, backends: dict,
+                          found: dict[str, claims.Claim] | None = None) -> Findings:
+        """``found``: the claims of :func:`verdicts` the page already glued (computed here
+        otherwise)."""
+        found = verdicts(exactness, model_facts, memory, timing) if found is None else found
+        return cls(params, exactness, model_facts, memory, timing, backends, io_model(params),
+                   exact=claims_starting(found, "exact_"), logits=claims_starting(found, "logits_"),
+                   memory_naive=found["memory_naive"], memory_tiled=found["memory_tiled"],
+                   memory_sdpa=found["memory_sdpa"], time_tiled_sdpa=found["time_tiled_sdpa"],
+                   time_naive_tiled=found["time_naive_tiled"])
+
+    @property
+    def criteria_met(self) -> dict[str, bool]:
+        """Which of the chapter's criteria (``CRITERIA``) this run meets. Time is not one: a
+        Python loop of tiles is not the kernel FlashAttention's bytes are meant for."""
+        def all_passed(group: dict[str, claims.Claim], prefix: str = "") -> bool:
+            return all(c.outcome == claims.PASSED for k, c in group.items() if k.startswith(prefix))
+        return {
+            "exact_fp32": all_passed(self.exact, "exact_fp32"),
+            "exact_fp16": all_passed(self.exact, "exact_fp16"),
+            "naive_overflows": extreme_case(self.exactness)["nonfinite_share"]["naive"] > 0,
+            "tokens": bool(self.model_facts["identical_greedy_tokens"]),
+            "logits": bool(self.logits) and all_passed(self.logits),
+            "memory_naive": self.memory_naive.outcome == claims.SUPERLINEAR,
+            "memory_tiled": self.memory_tiled.outcome == claims.LINEAR,
+        }
+
+    @property
+    def largest(self) -> int:
+        """The index of the largest N of the memory and time measurements."""
+        return len(self.memory["sizes"]) - 1
+
+    @property
+    def naive_peak_in_score_matrices(self) -> float:
+        """The naive version's peak memory at the largest N, in N × N score matrices."""
+        last = self.largest
+        return self.memory["peak_bytes"]["naive"][last] / self.memory["score_matrix_bytes"][last]
 
 
 def criteria_sentence(met: dict[str, bool]) -> str:
@@ -517,37 +565,30 @@ def _median_ms(rows: list[list[float]]) -> list[float]:
     return [float(np.median(r)) for r in rows]
 
 
-def report(params: dict, exactness: list[dict], model_facts: dict, memory: dict, timing: dict,
-           backends: dict, found: dict[str, claims.Claim] | None = None) -> dict:
-    """The contract's body from the measurements; ``found``: the claims of :func:`verdicts` the
-    page already glued (computed here otherwise)."""
-    found = verdicts(exactness, model_facts, memory, timing) if found is None else found
-    io = io_model(params)
-    met = chapter_criteria(exactness, model_facts, found)
-    peaks = memory["peak_bytes"]
-    last = len(memory["sizes"]) - 1
-    n_last = memory["sizes"][last]
-    live = peaks["naive"][last] / memory["score_matrix_bytes"][last]
-    results = {
-        "exactness": exactness,
-        "model": model_facts,
-        "memory": memory | {"naive_peak_in_score_matrices": live},
-        "timing": timing | {"median_ms": {k: _median_ms(v) for k, v in timing["ms"].items()},
-                            "tiled_over_sdpa": found["time_tiled_sdpa"].value,
-                            "naive_over_tiled": found["time_naive_tiled"].value},
-        "sdpa_backends": backends,
-        "io_model": io,
-        "chapter_criteria": met,
+def _results(f: Findings) -> dict:
+    return {
+        "exactness": f.exactness,
+        "model": f.model_facts,
+        "memory": f.memory | {"naive_peak_in_score_matrices": f.naive_peak_in_score_matrices},
+        "timing": f.timing | {"median_ms": {k: _median_ms(v) for k, v in f.timing["ms"].items()},
+                              "tiled_over_sdpa": f.time_tiled_sdpa.value,
+                              "naive_over_tiled": f.time_naive_tiled.value},
+        "sdpa_backends": f.backends,
+        "io_model": f.io,
+        "chapter_criteria": f.criteria_met,
     }
-    ex = extreme_case(exactness)
+
+
+def _io_evidence(io: dict) -> list[dict]:
+    """The IO model's bytes: a long causal prefill, then one decode step."""
     big = len(io["sizes"]) - 1
-    fm = io["fast_memory_bytes"]
     bq, bk = io["tiles"][big]
-    evidence = [
+    return [
         _ev(f"Modelo de E/S, una cabeza de d = {io['head_dim']} en un prefill causal de "
             f"{es(io['sizes'][big], 0)} tokens ({io['elem_bytes']} bytes por elemento): la atención "
             f"ingenua mueve {es_bytes(io['naive_bytes'][big])} entre la memoria lenta y la rápida; la "
-            f"atención por bloques, con bloques de {bq} × {bk} que caben en {es_bytes(fm)} de memoria "
+            f"atención por bloques, con bloques de {bq} × {bk} que caben en "
+            f"{es_bytes(io['fast_memory_bytes'])} de memoria "
             f"rápida, {es_bytes(io['tiled_bytes'][big])}: "
             f"{es(io['naive_bytes'][big] / io['tiled_bytes'][big], 1)} "
             "veces menos.", io["naive_bytes"][big] / io["tiled_bytes"][big], "x"),
@@ -555,29 +596,40 @@ def report(params: dict, exactness: list[dict], model_facts: dict, memory: dict,
             f"atención ingenua mueve {es_bytes(io['decode_naive_bytes'])} y la por bloques "
             f"{es_bytes(io['decode_tiled_bytes'])}: con una sola fila de consulta, S y P son "
             "pequeñas frente a K y V.", io["decode_naive_bytes"] / io["decode_tiled_bytes"], "x"),
-        *(c.evidence("valor absoluto") for k, c in found.items() if k.startswith("exact_")),
-        _ev(overflow_sentence(exactness), ex["nonfinite_share"]["naive"], "fracción",
-            source="measured"),
+    ]
+
+
+def _evidence(f: Findings) -> list[dict]:
+    model_facts, memory = f.model_facts, f.memory
+    peaks, live, last = memory["peak_bytes"], f.naive_peak_in_score_matrices, f.largest
+    return [
+        *_io_evidence(f.io),
+        *(c.evidence("valor absoluto") for c in f.exact.values()),
+        _ev(overflow_sentence(f.exactness), extreme_case(f.exactness)["nonfinite_share"]["naive"],
+            "fracción", source="measured"),
         _ev(f"Con la atención por bloques, el modelo {model_facts['name']} genera "
             f"{'los mismos' if model_facts['identical_greedy_tokens'] else 'distintos'} tokens "
             f"voraces que con la atención de la biblioteca ({len(model_facts['prompt_lens'])} "
             f"prompts × {model_facts['tokens_per_prompt']} tokens).",
             bool(model_facts["identical_greedy_tokens"]), "booleano", source="measured"),
-        *(c.evidence("logit") for k, c in found.items() if k.startswith("logits_")),
-        _ev(f"En N = {es(n_last, 0)}, la memoria pico de la atención ingenua equivale a "
+        *(c.evidence("logit") for c in f.logits.values()),
+        _ev(f"En N = {es(memory['sizes'][last], 0)}, la memoria pico de la atención ingenua equivale a "
             f"{es(live, 1)} matrices de N × N puntuaciones por cabeza ({memory['dtype']}); la de la "
             f"atención por bloques es {es_bytes(peaks['tiled'][last])} y la de SDPA "
             f"{es_bytes(peaks['sdpa'][last])} (medida: {memory['measure']}).",
             live, "matrices N×N", source="measured", volatile=True),
-        found["memory_naive"].evidence("exponente"),
-        found["memory_tiled"].evidence("exponente"),
-        found["memory_sdpa"].evidence("exponente"),
-        found["time_tiled_sdpa"].evidence("x"),
-        found["time_naive_tiled"].evidence("x"),
-        _ev(backends_sentence(backends), ", ".join(backends["default_ops"]) or "ninguno",
+        f.memory_naive.evidence("exponente"),
+        f.memory_tiled.evidence("exponente"),
+        f.memory_sdpa.evidence("exponente"),
+        f.time_tiled_sdpa.evidence("x"),
+        f.time_naive_tiled.evidence("x"),
+        _ev(backends_sentence(f.backends), ", ".join(f.backends["default_ops"]) or "ninguno",
             "operador", source="measured"),
     ]
-    limitations = [
+
+
+def _limitations(f: Findings) -> list[str]:
+    return [
         "El bucle de bloques está escrito en Python y PyTorch: mueve los bytes de FlashAttention, "
         "pero cada bloque cuesta varias llamadas del intérprete y multiplicaciones pequeñas; sus "
         "tiempos no son los de un núcleo fusionado y no dicen nada de la velocidad de "
@@ -585,19 +637,23 @@ def report(params: dict, exactness: list[dict], model_facts: dict, memory: dict,
         "La memoria rápida del modelo de E/S es un parámetro, no una medida: en la CPU no hay una "
         "SRAM que el programa controle, y los bytes que mueve de verdad dependen de las cachés "
         "del procesador.",
-        f"La memoria pico se mide con {memory['measure']}; cuenta lo que reserva el asignador de "
+        f"La memoria pico se mide con {f.memory['measure']}; cuenta lo que reserva el asignador de "
         "PyTorch durante la llamada, no la memoria del proceso ni los búferes internos de otras "
         "bibliotecas.",
-        timing_limitation(timing["repeats"]),
-        threads_limitation(timing["torch_threads"]),
+        timing_limitation(f.timing["repeats"]),
+        threads_limitation(f.timing["torch_threads"]),
         f"La igualdad de tokens se comprobó en decodificación voraz con el modelo "
-        f"{model_facts['name']}; en fp16 un empate casi exacto de logits podría cambiar un token.",
+        f"{f.model_facts['name']}; en fp16 un empate casi exacto de logits podría cambiar un token.",
     ]
+
+
+def report(f: Findings) -> dict:
+    """The contract's body from the lab's findings."""
     return {
-        "environment": {"model": model_facts["name"], "dtype": memory["dtype"]},
-        "results": results,
-        "evidence": evidence,
-        "limitations": limitations,
+        "environment": {"model": f.model_facts["name"], "dtype": f.memory["dtype"]},
+        "results": _results(f),
+        "evidence": _evidence(f),
+        "limitations": _limitations(f),
         "volatile_fields": ["results.exactness", "results.model.logits", "results.memory",
                             "results.timing"],
     }
@@ -636,7 +692,8 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         memory = measure_memory(params, seed, flash_attention, device)
         timing = measure_timing(params, seed, flash_attention, device)
         backends = sdpa_backends(params, device)
-    return report(params, exactness, model_facts, memory, timing, backends)
+    return report(Findings.from_measurements(params, exactness, model_facts, memory, timing,
+                                             backends))
 
 
 SPEC = LabSpec(

@@ -8,13 +8,17 @@
 3. Time (measured, volatile, :func:`measure_timing`): per-token time as the sequence grows, with
    and without the cache, in interleaved rounds.
 
-:func:`report` turns those measurements into the contract's body, with every conclusion about
-this machine computed by :mod:`ai_evolution.claims` (:func:`verdicts`); ``run`` = measure +
-report (``run_lab``, the CLI, the grader), and the notebook calls the same functions in its own
-cells, so a page and its contract come from one run.
+:class:`Findings` holds those measurements, the arithmetic and every conclusion about this
+machine, computed by :mod:`ai_evolution.claims` (:func:`verdicts`); :func:`report` turns the
+findings into the contract's body. ``run`` = measure + findings + report (``run_lab``, the CLI,
+the grader), and the notebook calls the same functions in its own cells, so a page and its
+contract come from one run.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -22,7 +26,7 @@ import torch
 from .. import claims
 from ..fmt import es, es_bytes
 from ..generation import generate
-from ..model import get_preset, kv_bytes, kv_bytes_per_token, param_count
+from ..model import MemoryBudget, get_preset, kv_bytes, kv_bytes_per_token, param_count
 from ..model.attention import ContiguousKVCache
 from ..timing import fit_growth, interleaved_step_times, torch_threads
 from .contract import evidence as _ev, met_criteria_sentence, timing_limitation
@@ -211,85 +215,137 @@ CRITERIA = (
 )
 
 
-def chapter_criteria(facts: dict, found: dict[str, claims.Claim]) -> dict[str, bool]:
-    """Which of the chapter's criteria (``CRITERIA``) this run meets."""
-    m = facts["model"]
-    return {
-        "bytes": m["cache_bytes_allocated"] == m["cache_bytes_predicted"],
-        "tokens": bool(facts["exactness"]["identical_greedy_tokens"]),
-        "logits": found["logits"].outcome == claims.PASSED,
-        "speed": found["speed"].outcome == claims.HIGHER,
-        "growth_uncached": found["growth_uncached"].outcome != claims.LINEAR,
-        "growth_cached": found["growth_cached"].outcome == claims.LINEAR,
-    }
-
-
 def criteria_sentence(met: dict[str, bool]) -> str:
     """The sentence that says which of the chapter's criteria a run meets, from the booleans."""
     return met_criteria_sentence(CRITERIA, met)
 
 
-def report(params: dict, facts: dict, timing: dict,
-           found: dict[str, claims.Claim] | None = None, served: ServedModel | None = None) -> dict:
-    """The contract's body from the measurements (:func:`measure_cache`, :func:`measure_timing`);
-    ``found``: the claims of :func:`verdicts` the page already glued (computed here otherwise);
-    ``served``: how the model was loaded (:func:`load_served_model`), whose fallback, if any,
-    the limitations state."""
-    found = verdicts(facts, timing) if found is None else found
-    dtype = params["dtype"]
-    # --- 1. arithmetic -------------------------------------------------------------------------
-    per_token = {n: kv_bytes_per_token(get_preset(n), dtype) for n in ARITHMETIC_PRESETS}
-    llama2 = get_preset("llama-2-7b")
-    variants = {f"{h} cabezas KV": kv_bytes_per_token(llama2.replace(num_kv_heads=h), "fp16")
-                for h in (32, 8, 1)}
-    ex = worked_examples()
-    ex24, ex24_gqa, ex_h100 = ex["gpu24_7b"], ex["gpu24_7b_8kv"], ex["h100_llama31_8b"]
-    worked = {
-        "gpu24_7b_fp16": {"kv_bytes_per_token": ex24.kv_bytes_per_token,
-                          "kv_bytes_4096": kv_bytes(llama2, 4096, dtype="fp16"),
-                          "kv_budget_bytes": ex24.kv_budget_bytes,
-                          "static_slots_4096": ex24.static_slots,
-                          "on_demand_512": ex24.on_demand_sequences,
-                          "on_demand_512_8kv": ex24_gqa.on_demand_sequences,
-                          "exact_weights_on_demand_512": ex["gpu24_7b_exact"].on_demand_sequences},
-        "h100_llama31_8b_bf16": {"weight_bytes": ex_h100.weight_bytes,
-                                 "kv_budget_bytes": ex_h100.kv_budget_bytes,
-                                 "static_slots_4096": ex_h100.static_slots},
-    }
-    # --- 2. the model, 3. time -----------------------------------------------------------------
-    m, ex_, num = facts["model"], facts["exactness"], facts["numerics"]
-    s = timing_summary(timing)
-    fit_c = fit_growth(s["n"], s["total_s_cached"])
-    fit_u = fit_growth(s["n"], s["total_s_uncached"])
-    met = chapter_criteria(facts, found)
-    reps = len(timing["runs_ms_cached"])
-    results = {
-        "kv_bytes_per_token": per_token,
-        "mha_gqa_mqa_llama2_fp16": variants,
-        "worked_examples": worked,
+@dataclass(frozen=True)
+class Arithmetic:
+    """Part 1, computed from formulas: KV bytes per token of real configurations in the lab's
+    ``dtype``, Llama-2-7B with 32, 8 and 1 KV heads, and the chapter's worked memory budgets."""
+
+    dtype: str
+    per_token: dict[str, int]
+    variants: dict[str, int]
+    worked: dict[str, dict]
+    examples: dict[str, MemoryBudget]
+
+    @classmethod
+    def compute(cls, dtype: str) -> Arithmetic:
+        per_token = {n: kv_bytes_per_token(get_preset(n), dtype) for n in ARITHMETIC_PRESETS}
+        llama2 = get_preset("llama-2-7b")
+        variants = {f"{h} cabezas KV": kv_bytes_per_token(llama2.replace(num_kv_heads=h), "fp16")
+                    for h in (32, 8, 1)}
+        ex = worked_examples()
+        ex24, ex24_gqa, ex_h100 = ex["gpu24_7b"], ex["gpu24_7b_8kv"], ex["h100_llama31_8b"]
+        worked = {
+            "gpu24_7b_fp16": {"kv_bytes_per_token": ex24.kv_bytes_per_token,
+                              "kv_bytes_4096": kv_bytes(llama2, 4096, dtype="fp16"),
+                              "kv_budget_bytes": ex24.kv_budget_bytes,
+                              "static_slots_4096": ex24.static_slots,
+                              "on_demand_512": ex24.on_demand_sequences,
+                              "on_demand_512_8kv": ex24_gqa.on_demand_sequences,
+                              "exact_weights_on_demand_512": ex["gpu24_7b_exact"].on_demand_sequences},
+            "h100_llama31_8b_bf16": {"weight_bytes": ex_h100.weight_bytes,
+                                     "kv_budget_bytes": ex_h100.kv_budget_bytes,
+                                     "static_slots_4096": ex_h100.static_slots},
+        }
+        return cls(dtype, per_token, variants, worked, ex)
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the lab found, between its measurements and its report: the arithmetic, the
+    measurements (:func:`measure_cache`'s ``facts``, :func:`measure_timing`'s ``timing``), the
+    claims drawn from them by name, and how the model was loaded (``served``, whose fallback,
+    if any, the limitations state)."""
+
+    params: dict
+    arithmetic: Arithmetic
+    facts: dict
+    timing: dict
+    logits: claims.Claim
+    speed: claims.Claim
+    growth_uncached: claims.Claim
+    growth_cached: claims.Claim
+    served: ServedModel | None = None
+
+    @classmethod
+    def from_measurements(cls, params: dict, facts: dict, timing: dict,
+                          found: dict[str, claims.Claim] | None = None,
+                          served: ServedModel | None = None) -> Findings:
+        """``found``: the claims of :func:`verdicts` the page already glued (computed here
+        otherwise)."""
+        found = verdicts(facts, timing) if found is None else found
+        return cls(params, Arithmetic.compute(params["dtype"]), facts, timing,
+                   logits=found["logits"], speed=found["speed"],
+                   growth_uncached=found["growth_uncached"], growth_cached=found["growth_cached"],
+                   served=served)
+
+    @property
+    def criteria_met(self) -> dict[str, bool]:
+        """Which of the chapter's criteria (``CRITERIA``) this run meets."""
+        m = self.facts["model"]
+        return {
+            "bytes": m["cache_bytes_allocated"] == m["cache_bytes_predicted"],
+            "tokens": bool(self.facts["exactness"]["identical_greedy_tokens"]),
+            "logits": self.logits.outcome == claims.PASSED,
+            "speed": self.speed.outcome == claims.HIGHER,
+            "growth_uncached": self.growth_uncached.outcome != claims.LINEAR,
+            "growth_cached": self.growth_cached.outcome == claims.LINEAR,
+        }
+
+    @cached_property
+    def summary(self) -> dict:
+        return timing_summary(self.timing)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.timing["runs_ms_cached"])
+
+
+def _timing_results(f: Findings) -> dict:
+    """The contract's ``results.timing``: the median curves, the first and last steps, the growth
+    fits and which of the chapter's criteria the run meets."""
+    s = f.summary
+    return {"prompt_len": f.timing["prompt_len"], "torch_threads": f.timing["torch_threads"],
+            "runs": f.rounds, "tail_steps": s["tail"],
+            "step_ms_cached": s["step_ms_cached"].tolist(),
+            "step_ms_uncached": s["step_ms_uncached"].tolist(),
+            "first_steps_ms": {"cached": float(np.median(s["first_ms_cached"])),
+                               "uncached": float(np.median(s["first_ms_uncached"]))},
+            "last_steps_ms": {"cached": float(np.median(s["last_ms_cached"])),
+                              "uncached": float(np.median(s["last_ms_uncached"]))},
+            "speedup_at_end": f.speed.value,
+            "fit_total_cached": fit_growth(s["n"], s["total_s_cached"]),
+            "fit_total_uncached": fit_growth(s["n"], s["total_s_uncached"]),
+            "chapter_criteria": f.criteria_met}
+
+
+def _results(f: Findings) -> dict:
+    a, m = f.arithmetic, f.facts["model"]
+    return {
+        "kv_bytes_per_token": a.per_token,
+        "mha_gqa_mqa_llama2_fp16": a.variants,
+        "worked_examples": a.worked,
         "model": {k: m[k] for k in ("name", "parameters", "dtype", "kv_bytes_per_token",
                                     "cache_bytes_predicted", "cache_bytes_allocated")},
-        "exactness": dict(ex_),
-        "numerics": dict(num),
-        "timing": {"prompt_len": timing["prompt_len"], "torch_threads": timing["torch_threads"],
-                   "runs": reps, "tail_steps": s["tail"],
-                   "step_ms_cached": s["step_ms_cached"].tolist(),
-                   "step_ms_uncached": s["step_ms_uncached"].tolist(),
-                   "first_steps_ms": {"cached": float(np.median(s["first_ms_cached"])),
-                                      "uncached": float(np.median(s["first_ms_uncached"]))},
-                   "last_steps_ms": {"cached": float(np.median(s["last_ms_cached"])),
-                                     "uncached": float(np.median(s["last_ms_uncached"]))},
-                   "speedup_at_end": found["speed"].value,
-                   "fit_total_cached": fit_c, "fit_total_uncached": fit_u,
-                   "chapter_criteria": met},
+        "exactness": dict(f.facts["exactness"]),
+        "numerics": dict(f.facts["numerics"]),
+        "timing": _timing_results(f),
     }
+
+
+def _arithmetic_evidence(a: Arithmetic) -> list[dict]:
+    """The evidence of part 1: bytes per token, GQA and MQA, and the worked memory budgets."""
+    per_token, variants, worked = a.per_token, a.variants, a.worked
+    ex24, ex24_gqa, ex_h100 = a.examples["gpu24_7b"], a.examples["gpu24_7b_8kv"], a.examples["h100_llama31_8b"]
     h100 = worked["h100_llama31_8b_bf16"]
     l31 = get_preset("llama-3.1-8b")
-    same_bytes = m["cache_bytes_allocated"] == m["cache_bytes_predicted"]
-    identical = ex_["identical_greedy_tokens"]
-    evidence = [
+    return [
         _ev(f"Llama-3.1-8B guarda {es_bytes(per_token['llama-3.1-8b'])} de caché KV por token en "
-            f"{dtype} (2 × {l31.num_layers} capas × {l31.num_kv_heads} cabezas KV × "
+            f"{a.dtype} (2 × {l31.num_layers} capas × {l31.num_kv_heads} cabezas KV × "
             f"{l31.head_dim} × bytes por elemento).", per_token["llama-3.1-8b"], "B"),
         _ev(f"Llama-2-7B en fp16 guarda {es_bytes(variants['32 cabezas KV'])} por token, y "
             f"{es_bytes(worked['gpu24_7b_fp16']['kv_bytes_4096'])} para 4096 tokens.",
@@ -307,6 +363,16 @@ def report(params: dict, facts: dict, timing: dict,
             f"{es(ex_h100.utilization)}) Llama-3.1-8B en bf16 deja "
             f"{es_bytes(h100['kv_budget_bytes'])} para la caché: {h100['static_slots_4096']} "
             f"peticiones de 4096 tokens.", h100["static_slots_4096"], "peticiones"),
+    ]
+
+
+def _evidence(f: Findings) -> list[dict]:
+    """The arithmetic's evidence, then the model's bytes and tokens, then the claims."""
+    m, ex_ = f.facts["model"], f.facts["exactness"]
+    same_bytes = m["cache_bytes_allocated"] == m["cache_bytes_predicted"]
+    identical = ex_["identical_greedy_tokens"]
+    return [
+        *_arithmetic_evidence(f.arithmetic),
         _ev(f"La caché asignada para {m['name']} ({m['batch_size']} secuencias × {m['max_len']} "
             f"tokens, {m['dtype']}) ocupa {es(m['cache_bytes_allocated'], 0)} bytes, "
             f"{'igual a' if same_bytes else 'distinta de'} la predicción de la fórmula "
@@ -315,11 +381,15 @@ def report(params: dict, facts: dict, timing: dict,
         _ev(f"Con y sin caché, la decodificación voraz produce "
             f"{'los mismos' if identical else 'distintos'} tokens en {ex_['prompts']} prompts × "
             f"{ex_['tokens_per_prompt']} tokens.", identical, "booleano", source="measured"),
-        found["logits"].evidence("logit"),
-        found["speed"].evidence("x"),
-        found["growth_uncached"].evidence("exponente"),
-        found["growth_cached"].evidence("exponente"),
+        f.logits.evidence("logit"),
+        f.speed.evidence("x"),
+        f.growth_uncached.evidence("exponente"),
+        f.growth_cached.evidence("exponente"),
     ]
+
+
+def _limitations(f: Findings) -> list[str]:
+    m, reps, threads = f.facts["model"], f.rounds, f.timing["torch_threads"]
     small = m["parameters"] < SMALL_MODEL_PARAMETERS
     limitations = [
         f"Los tiempos se midieron con el modelo {m['name']} ({es(m['parameters'] / 1e6, 1)} M "
@@ -330,7 +400,7 @@ def report(params: dict, facts: dict, timing: dict,
                            "a otro modelo ni a otra GPU."),
         timing_limitation(reps),
         f"Las {reps} rondas con y sin caché se midieron intercaladas, con "
-        f"{timing['torch_threads']} {'hilo' if timing['torch_threads'] == 1 else 'hilos'} de "
+        f"{threads} {'hilo' if threads == 1 else 'hilos'} de "
         "torch; la comparación de tiempos lleva un intervalo "
         "bootstrap del 95 % sobre esas rondas, y el ajuste del crecimiento, no (es una sola curva "
         "de medianas).",
@@ -339,15 +409,20 @@ def report(params: dict, facts: dict, timing: dict,
         "La igualdad de tokens con y sin caché se comprobó en decodificación voraz y en "
         f"{m['dtype']}; en fp16/bf16 un empate casi exacto de logits puede cambiar un token.",
     ]
+    return (f.served.limitations() if f.served is not None else []) + limitations
+
+
+def report(f: Findings) -> dict:
+    """The contract's body from the lab's findings."""
+    m = f.facts["model"]
     environment = {"model": m["name"], "dtype": m["dtype"]}
-    if served is not None:
-        limitations = served.limitations() + limitations
-        environment.update(served.environment())
+    if f.served is not None:
+        environment.update(f.served.environment())
     return {
         "environment": environment,
-        "results": results,
-        "evidence": evidence,
-        "limitations": limitations,
+        "results": _results(f),
+        "evidence": _evidence(f),
+        "limitations": _limitations(f),
         "volatile_fields": ["results.timing", "results.numerics"],
     }
 
@@ -360,7 +435,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     prompts = lab_prompts(model.config, params, seed)
     facts = measure_cache(model, params, prompts)
     timing = measure_timing(model, prompts[0][: params["prompt_len"]], params)
-    return report(params, facts, timing, served=served)
+    return report(Findings.from_measurements(params, facts, timing, served=served))
 
 
 SPEC = LabSpec(

@@ -393,27 +393,63 @@ def coordinated_omission(measured: dict) -> claims.Claim:
                       "cola entre los dos bucles no es concluyente"))
 
 
-def report(model_name: str, params: dict, measured: dict, simulated: dict,
-           served: ServedModel | None = None) -> dict:
-    """The contract's body from the two studies (``analyse`` on the engine, ``simulate``);
-    ``served``: how the model was loaded (``load_served_model``), whose fallback, if any, the
-    limitations state.
+@dataclass(frozen=True)
+class Findings:
+    """What the lab found, between its two studies and its report: the engine's study on this
+    machine (``measured``, from ``analyse``) and the simulator's (``simulated``, from
+    ``simulate``), their claims by name (``omission``: closed against open loop on this machine;
+    ``sim_spread``: how far the simulated repeated runs' p99 disagree), and how the model was
+    loaded (``served``, whose fallback, if any, the limitations state)."""
 
-    Everything measured on this machine goes under ``results.measured`` (volatile); the arrival
-    schedules (their realized/configured rate ratios do not depend on the clock) and the
-    simulation are reproducible."""
-    sweep_ratios = [r["rate_ratio"] for r in measured["sweep"]]
-    repeat_ratios = [r["rate_ratio"] for r in measured["repeats"]]
-    cap, sp, slo = measured["capacity"], measured["spread"], measured["slo"]
-    scap, ssp = simulated["capacity"], simulated["spread"]
-    n, width = params["requests_per_rate"], params["max_num_seqs"]
-    ratios = [round(r, 6) for r in sweep_ratios + repeat_ratios]
-    worst = measured["sweep"][-1]
-    near = simulated["settle"][-1]
-    last = near["blocks"][-1]
-    setup = simulated["setup"]
-    evidence = [
-        _ev(f"Con {width} clientes en bucle cerrado, {model_name} sirve {es(cap['capacity_req_s'], 2)} "
+    model_name: str
+    params: dict
+    measured: dict
+    simulated: dict
+    omission: claims.Claim
+    sim_spread: claims.Claim
+    served: ServedModel | None = None
+
+    @classmethod
+    def from_measurements(cls, model_name: str, params: dict, measured: dict, simulated: dict,
+                          served: ServedModel | None = None) -> Findings:
+        return cls(model_name, params, measured, simulated,
+                   omission=coordinated_omission(measured),
+                   sim_spread=spread_claim(simulated["spread"], "Simulado"), served=served)
+
+    @property
+    def sweep_ratios(self) -> list[float]:
+        """Realized / configured rate of each run of the sweep (they do not depend on the clock)."""
+        return [r["rate_ratio"] for r in self.measured["sweep"]]
+
+    @property
+    def repeat_ratios(self) -> list[float]:
+        return [r["rate_ratio"] for r in self.measured["repeats"]]
+
+
+def _results(f: Findings) -> dict:
+    params = f.params
+    return {
+        "model": {"name": f.model_name},
+        "definitions": {"capacity": "terminaciones por segundo entre la primera terminación y el "
+                                    "último envío del bucle cerrado",
+                        "knee": f"primera tasa realizada con TTFT p99 > {es(params['knee_factor'], 1)} × "
+                                "el de la tasa realizada más baja",
+                        "slo": f"TTFT <= {es(params['slo_ttft_factor'], 1)} × y TPOT <= "
+                               f"{es(params['slo_tpot_factor'], 1)} × las medianas de la tasa más baja"},
+        "arrivals": {"sweep_rate_ratio": [round(r, 6) for r in f.sweep_ratios],
+                     "repeat_rate_ratio": [round(r, 6) for r in f.repeat_ratios]},
+        "measured": _clean(_slim(f.measured)),
+        "simulated": _clean(_slim(f.simulated)),
+    }
+
+
+def _capacity_evidence(f: Findings) -> list[dict]:
+    """The closed loop's capacity and Little's law, the knee, and how far the arrivals drift."""
+    params, measured = f.params, f.measured
+    cap, width, n = measured["capacity"], params["max_num_seqs"], params["requests_per_rate"]
+    ratios = [round(r, 6) for r in f.sweep_ratios + f.repeat_ratios]
+    return [
+        _ev(f"Con {width} clientes en bucle cerrado, {f.model_name} sirve {es(cap['capacity_req_s'], 2)} "
             f"peticiones/s ({es(cap['capacity_tok_s'], 0)} tokens/s de salida) en esta máquina, con "
             f"prompts de {params['prompt_len']} y salidas de {params['output_len']} tokens.",
             cap["capacity_req_s"], "peticiones/s", "measured", True),
@@ -428,6 +464,14 @@ def report(model_name: str, params: dict, measured: dict, simulated: dict,
         _ev(f"Con {n} peticiones por ejecución, la tasa realizada se aparta de la configurada entre "
             f"{es(100 * (min(ratios) - 1), 1)} % y {es(100 * (max(ratios) - 1), 1)} %.",
             max(abs(r - 1) for r in ratios), "fracción", "computed"),
+    ]
+
+
+def _load_evidence(f: Findings) -> list[dict]:
+    """The repeated runs' spread, goodput under the SLO, and coordinated omission."""
+    params, measured = f.params, f.measured
+    sp, slo, worst, n = measured["spread"], measured["slo"], measured["sweep"][-1], params["requests_per_rate"]
+    return [
         _ev(f"{len(measured['repeats'])} ejecuciones de {n} peticiones a {es(params['repeat_fraction'], 2)} "
             f"× la capacidad (realizadas entre {es(sp['realized_rate_min'], 2)} y "
             f"{es(sp['realized_rate_max'], 2)} peticiones/s) dan un TTFT p99 entre "
@@ -442,11 +486,19 @@ def report(model_name: str, params: dict, measured: dict, simulated: dict,
             f"SLO); el mayor goodput, {es(measured['best_goodput']['goodput_req_s'], 2)} peticiones/s, "
             f"se da a {es(measured['best_goodput']['fraction'], 2)} × la capacidad.",
             worst["goodput_req_s"], "peticiones/s", "measured", True),
-        coordinated_omission(measured).evidence("x"),
+        f.omission.evidence("x"),
         _ev(f"El bucle cerrado nunca ofrece más que la capacidad; en bucle abierto, a "
             f"{es(measured['overload']['fraction'], 2)} veces la capacidad, el TTFT p99 es de "
             f"{es(1e3 * measured['overload']['ttft_p99_s'], 1)} ms.",
             measured["overload"]["ttft_p99_s"], "s", "measured", True),
+    ]
+
+
+def _simulated_evidence(f: Findings) -> list[dict]:
+    params, simulated = f.params, f.simulated
+    scap, ssp, setup = simulated["capacity"], simulated["spread"], simulated["setup"]
+    near = simulated["settle"][-1]
+    return [
         _ev(f"Simulado ({setup['model']} en {setup['device']}, {setup['dtype']}, {setup['max_num_seqs']} "
             f"filas, {setup['prompt_len']}/{setup['output_len']} tokens): capacidad "
             f"{es(scap['capacity_req_s'], 2)} peticiones/s ({es(scap['capacity_tok_s'], 0)} tokens/s). "
@@ -459,12 +511,16 @@ def report(model_name: str, params: dict, measured: dict, simulated: dict,
             f"({es(ssp['ratio'], 1)} veces); el intervalo bootstrap de una ejecución contiene el p99 de "
             f"otra en el {es(100 * ssp['cross_coverage'], 0)} % de los pares.",
             ssp["ratio"], "x", "computed"),
-        spread_claim(ssp, "Simulado").evidence("x", "computed", volatile=False),
+        f.sim_spread.evidence("x", "computed", volatile=False),
         _ev(f"Simulado, al cortar en bloques de peticiones consecutivas una ejecución de "
             f"{near['requests']} peticiones a {es(near['fraction'], 2)} × la capacidad, "
             + settle_text(near) + ".",
-            near["settled_at"] or last["block"], "peticiones", "computed"),
+            near["settled_at"] or near["blocks"][-1]["block"], "peticiones", "computed"),
     ]
+
+
+def _limitations(f: Findings) -> list[str]:
+    n = f.params["requests_per_rate"]
     top = math.ceil(0.01 * n)  # p99 of n values interpolates among the top one or two
     limitations = [
         f"Con {n} peticiones por ejecución, el p99 se apoya en las {top + 1} mayores: no dice nada "
@@ -474,30 +530,26 @@ def report(model_name: str, params: dict, measured: dict, simulated: dict,
         "sostenida (la cola no llega a su "
         "régimen estable), ni el p99,9, ni el comportamiento con longitudes variables o llegadas "
         "más irregulares que Poisson (ráfagas, ciclos diarios).",
-        f"El objetivo es el motor en el mismo proceso ({model_name}, longitudes fijas): sin HTTP, "
+        f"El objetivo es el motor en el mismo proceso ({f.model_name}, longitudes fijas): sin HTTP, "
         "tokenización, red ni streaming, y el generador de carga comparte la CPU con el servidor.",
         timing_limitation(1),
         datasheet_sim_limitation(),
     ]
-    results = {
-        "model": {"name": model_name},
-        "definitions": {"capacity": "terminaciones por segundo entre la primera terminación y el "
-                                    "último envío del bucle cerrado",
-                        "knee": f"primera tasa realizada con TTFT p99 > {es(params['knee_factor'], 1)} × "
-                                "el de la tasa realizada más baja",
-                        "slo": f"TTFT <= {es(params['slo_ttft_factor'], 1)} × y TPOT <= "
-                               f"{es(params['slo_tpot_factor'], 1)} × las medianas de la tasa más baja"},
-        "arrivals": {"sweep_rate_ratio": [round(r, 6) for r in sweep_ratios],
-                     "repeat_rate_ratio": [round(r, 6) for r in repeat_ratios]},
-        "measured": _clean(_slim(measured)),
-        "simulated": _clean(_slim(simulated)),
-    }
-    environment = {"model": model_name}
-    if served is not None:
-        limitations = served.limitations() + limitations
-        environment.update(served.environment())
-    return {"environment": environment, "results": results, "evidence": evidence,
-            "limitations": limitations, "volatile_fields": ["results.measured"]}
+    return (f.served.limitations() if f.served is not None else []) + limitations
+
+
+def report(f: Findings) -> dict:
+    """The contract's body from the lab's findings.
+
+    Everything measured on this machine goes under ``results.measured`` (volatile); the arrival
+    schedules (their realized/configured rate ratios do not depend on the clock) and the
+    simulation are reproducible."""
+    environment = {"model": f.model_name}
+    if f.served is not None:
+        environment.update(f.served.environment())
+    return {"environment": environment, "results": _results(f),
+            "evidence": _capacity_evidence(f) + _load_evidence(f) + _simulated_evidence(f),
+            "limitations": _limitations(f), "volatile_fields": ["results.measured"]}
 
 
 def check_params(params: dict, max_positions: int, served: str | None = None) -> None:
@@ -538,7 +590,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
                              params["repeats"], n, *shape, seed, progress=progress)
     measured = analyse(cap, sweep, reps, params)
     simulated = simulate(params, seed)
-    return report(cfg.name, params, measured, simulated, served)
+    return report(Findings.from_measurements(cfg.name, params, measured, simulated, served))
 
 
 SPEC = LabSpec(

@@ -10,14 +10,17 @@ Measured on the reader's device (the real engine) and simulated (the same schedu
    under memory pressure;
 3. datacenter scale: Llama-3.1-8B on an H100 in the simulator, contiguous vs paged.
 
-The measurement functions run the lab; ``report`` turns what they measured into the contract's
-body, so a notebook that measured with the student's functions builds its contract from its own
-numbers (``report`` + ``assemble_contract``) and ``run`` (= measure + report) serves ``run_lab``.
+The measurement functions run the lab; ``Findings`` holds what they measured and the claims
+drawn from it, and ``report`` turns the findings into the contract's body, so a notebook that
+measured with the student's functions builds its contract from its own numbers (``Findings`` +
+``report`` + ``assemble_contract``) and ``run`` (= measure + findings + report) serves
+``run_lab``.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -224,7 +227,7 @@ def prefix_timing_study(model, params: dict, seed: int, repeats: int) -> dict:
 
 
 # --- conclusions -------------------------------------------------------------------------------
-def layout_claims(frag: dict) -> dict[str, claims.Claim]:
+def layout_verdicts(frag: dict) -> dict[str, claims.Claim]:
     """Paged vs contiguous, from ``fragmentation_study``'s interleaved pairs: tokens/s and the
     mean time of a step (the paged run usually takes fewer, wider steps)."""
     t = frag["timing"]
@@ -254,7 +257,7 @@ def ttft_claim(prefix: dict) -> claims.Claim:
 
 def verdicts(frag: dict, prefix: dict) -> dict[str, claims.Claim]:
     """Every timed conclusion of the lab: ``throughput``, ``step_time`` and ``ttft``."""
-    return {**layout_claims(frag), "ttft": ttft_claim(prefix)}
+    return {**layout_verdicts(frag), "ttft": ttft_claim(prefix)}
 
 
 def same_tokens_sentence(same: bool) -> str:
@@ -299,77 +302,112 @@ def datacenter_sentence(dc: dict) -> str:
             + datacenter_comparison(dc))
 
 
-def report(model_name: str, params: dict, frag: dict, sweep: list[dict], prefix: dict,
-           chat: list[dict], eviction: list[dict], dc: dict,
-           claims_: dict[str, claims.Claim] | None = None) -> dict:
-    """The contract's body from the lab's measurements (``fragmentation_study``,
-    ``block_size_sweep``, ``prefix_timing_study``, ``chat_study``, ``eviction_study``,
-    ``datacenter``). ``claims_``: the notebook's own ``verdicts(frag, prefix)`` (computed here
-    when not given), so the page and its contract carry the same claims."""
-    v = claims_ if claims_ is not None else verdicts(frag, prefix)
-    contiguous, paged = frag["contiguous"], frag["paged"]
-    max_len, rows, bs = params["max_model_len"], params["kv_rows"], params["block_size"]
+@dataclass(frozen=True)
+class Findings:
+    """What the lab found, between its measurements and its report: the six measurements
+    (``fragmentation_study``, ``block_size_sweep``, ``prefix_timing_study``, ``chat_study``,
+    ``eviction_study``, ``datacenter``) and the timed claims drawn from them, by name."""
+
+    model_name: str
+    params: dict
+    frag: dict
+    sweep: list[dict]
+    prefix: dict
+    chat: list[dict]
+    eviction: list[dict]
+    dc: dict
+    throughput: claims.Claim
+    step_time: claims.Claim
+    ttft: claims.Claim
+
+    @classmethod
+    def from_measurements(cls, model_name: str, params: dict, frag: dict, sweep: list[dict],
+                          prefix: dict, chat: list[dict], eviction: list[dict], dc: dict,
+                          found: dict[str, claims.Claim] | None = None) -> Findings:
+        """``found``: the notebook's own ``verdicts(frag, prefix)`` (computed here when not
+        given), so the page and its contract carry the same claims."""
+        v = verdicts(frag, prefix) if found is None else found
+        return cls(model_name, params, frag, sweep, prefix, chat, eviction, dc,
+                   throughput=v["throughput"], step_time=v["step_time"], ttft=v["ttft"])
+
+    @property
+    def kv_tokens(self) -> int:
+        """The KV memory both layouts share, in tokens."""
+        return self.params["kv_rows"] * self.params["max_model_len"]
+
+
+def _layout(r: dict) -> dict:
+    """One layout's counts in ``results.fragmentation``."""
+    return {k: r[k] for k in ("steps", "mean_utilization", "peak_batch", "mean_batch",
+                              "num_preemptions", "output_tokens")}
+
+
+def _results(f: Findings) -> dict:
+    frag, prefix, ft, pt = f.frag, f.prefix, f.frag["timing"], f.prefix["timing"]
     g24 = worked_examples()["gpu24_7b"]
-    n_pairs = len(frag["timing"]["paged_tok_s"])
-
-    def layout(r):
-        return {k: r[k] for k in ("steps", "mean_utilization", "peak_batch", "mean_batch",
-                                  "num_preemptions", "output_tokens")}
-
-    def median(xs):
-        return float(np.median(xs))
-
-    ft, pt = frag["timing"], prefix["timing"]
-    results = {
-        "model": {"name": model_name, "max_model_len": max_len, "kv_tokens": rows * max_len},
-        "fragmentation": {"contiguous": layout(contiguous), "paged": layout(paged),
-                          "block_size": bs, "outputs_identical": frag["outputs_identical"],
+    return {
+        "model": {"name": f.model_name, "max_model_len": f.params["max_model_len"],
+                  "kv_tokens": f.kv_tokens},
+        "fragmentation": {"contiguous": _layout(frag["contiguous"]), "paged": _layout(frag["paged"]),
+                          "block_size": f.params["block_size"],
+                          "outputs_identical": frag["outputs_identical"],
                           "repeats_identical": frag["repeats_identical"],
                           "final_lengths_mean": float(np.mean(frag["final_lengths"]))},
         "fragmentation_timing": {**{k: claims.as_inputs(x) for k, x in ft.items()},
-                                 "contiguous_tok_s_median": median(ft["contiguous_tok_s"]),
-                                 "paged_tok_s_median": median(ft["paged_tok_s"]),
-                                 "throughput_ratio": v["throughput"].value,
-                                 "step_time_ratio": v["step_time"].value},
-        "block_size_sweep": sweep,
+                                 "contiguous_tok_s_median": float(np.median(ft["contiguous_tok_s"])),
+                                 "paged_tok_s_median": float(np.median(ft["paged_tok_s"])),
+                                 "throughput_ratio": f.throughput.value,
+                                 "step_time_ratio": f.step_time.value},
+        "block_size_sweep": f.sweep,
         "prefix": {**{k: prefix[k] for k in ("with_cache", "without_cache")},
                    "repeats_identical": prefix["repeats_identical"]},
         "prefix_timing": {**{k: claims.as_inputs(x) for k, x in pt.items()},
-                          "ttft_ratio": v["ttft"].value},
-        "chat": chat,
-        "eviction": eviction,
-        "datacenter": dc,
+                          "ttft_ratio": f.ttft.value},
+        "chat": f.chat,
+        "eviction": f.eviction,
+        "datacenter": f.dc,
         "gpu24_example": {"static_slots": g24.static_slots, "on_demand_sequences": g24.on_demand_sequences},
     }
+
+
+def _evidence(f: Findings) -> list[dict]:
+    contiguous, paged, bs = f.frag["contiguous"], f.frag["paged"], f.params["block_size"]
     waste_c, waste_p = 1 - contiguous["mean_utilization"], 1 - paged["mean_utilization"]
-    evidence = [
-        _ev(f"Con la misma memoria de caché ({rows * max_len} tokens), la reserva contigua deja vacío "
+    return [
+        _ev(f"Con la misma memoria de caché ({f.kv_tokens} tokens), la reserva contigua deja vacío "
             f"el {es(100 * waste_c, 0)} % de lo reservado de media y los bloques de {bs} tokens el "
             f"{es(100 * waste_p, 1)} %.", waste_c, "fracción"),
         _ev(f"Caben a la vez {contiguous['peak_batch']} peticiones con filas contiguas y hasta "
             f"{paged['peak_batch']} con bloques; la carga termina en {contiguous['steps']} y "
             f"{paged['steps']} pasos.", paged["peak_batch"], "peticiones"),
-        v["throughput"].evidence("x"),
-        v["step_time"].evidence("x"),
-        _ev(same_tokens_sentence(frag["outputs_identical"]), frag["outputs_identical"], "bool"),
-        _ev(prefix_sentence(prefix["with_cache"], prefix["without_cache"]),
-            prefix["with_cache"]["hit_rate"], "fracción"),
-        v["ttft"].evidence("x"),
-        _ev(datacenter_sentence(dc), dc["throughput_ratio"], "x"),
+        f.throughput.evidence("x"),
+        f.step_time.evidence("x"),
+        _ev(same_tokens_sentence(f.frag["outputs_identical"]), f.frag["outputs_identical"], "bool"),
+        _ev(prefix_sentence(f.prefix["with_cache"], f.prefix["without_cache"]),
+            f.prefix["with_cache"]["hit_rate"], "fracción"),
+        f.ttft.evidence("x"),
+        _ev(datacenter_sentence(f.dc), f.dc["throughput_ratio"], "x"),
     ]
-    limitations = [
-        f"El modelo medido ({model_name}) es pequeño; la memoria de caché se fija en filas de "
+
+
+def _limitations(f: Findings) -> list[str]:
+    return [
+        f"El modelo medido ({f.model_name}) es pequeño; la memoria de caché se fija en filas de "
         "max_model_len, no sale de una GPU llena.",
         "La atención paginada de referencia copia los bloques de cada petición en cada capa "
         "(gather); un kernel real los lee en su sitio.",
         "La caché de prefijos solo reutiliza bloques llenos; el último token del prompt siempre se "
         "calcula.",
         datasheet_sim_limitation(),
-        timing_limitation(n_pairs),
-        threads_limitation(params.get("torch_threads", 0)),
+        timing_limitation(len(f.frag["timing"]["paged_tok_s"])),
+        threads_limitation(f.params.get("torch_threads", 0)),
     ]
-    return {"environment": {"model": model_name}, "results": results, "evidence": evidence,
-            "limitations": limitations,
+
+
+def report(f: Findings) -> dict:
+    """The contract's body from the lab's findings."""
+    return {"environment": {"model": f.model_name}, "results": _results(f),
+            "evidence": _evidence(f), "limitations": _limitations(f),
             "volatile_fields": ["results.fragmentation_timing", "results.prefix_timing"]}
 
 
@@ -397,7 +435,8 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     chat = chat_study(model, params, seed)
     eviction = eviction_study(cfg, params, seed)
     dc = datacenter(params, seed)
-    return report(cfg.name, params, frag, sweep, prefix, chat, eviction, dc)
+    return report(Findings.from_measurements(cfg.name, params, frag, sweep, prefix, chat,
+                                             eviction, dc))
 
 
 SPEC = LabSpec(

@@ -13,9 +13,10 @@
    (measured, :func:`measure_kv`), and from which batch size the cache, read once per sequence,
    outweighs the weights, read once per step (computed, :func:`weights_vs_kv`).
 
-:func:`analyse_speed` and :func:`analyse_quality` turn the samples into numbers and
-:mod:`ai_evolution.claims` claims; :func:`report` turns those into the contract's body. ``run``
-(``run_lab``, the CLI, the grader) is measure + analyse + report with the library's functions;
+:func:`analyse_speed`, :func:`analyse_quality` and :func:`analyse_kv` turn the samples into
+typed findings (numbers and :mod:`ai_evolution.claims` claims, their ``verdicts``);
+:class:`Findings` gathers them, and :func:`report` turns the findings into the contract's body.
+``run`` (``run_lab``, the CLI, the grader) is measure + analyse + report with the library's functions;
 the notebook calls the same functions in its own cells with the student's ``predict_step_s``
 plugged in, so a page and its contract come from one run.
 """
@@ -23,6 +24,7 @@ plugged in, so a page and its contract come from one run.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -331,9 +333,24 @@ def measure_kv(params: dict) -> dict:
                 "agreement_prompts": len(prompts)}
 
 
-def analyse_kv(kv: dict) -> dict:
-    """Perplexity with each cache, the increase with its chunk-bootstrap interval, and the claim
-    (does the int8 cache raise the perplexity?)."""
+@dataclass(frozen=True)
+class KVFindings:
+    """What :func:`analyse_kv` finds in :func:`measure_kv`'s samples: the perplexity with each
+    cache, the increase with its chunk-bootstrap interval, and the claim ``kv_quality`` (does
+    the int8 cache raise the perplexity?)."""
+
+    perplexity: dict[str, float]
+    increase: float
+    increase_interval: list[float]
+    kv_quality: claims.Claim
+
+    @property
+    def verdicts(self) -> dict[str, claims.Claim]:
+        return {"kv_quality": self.kv_quality}
+
+
+def analyse_kv(kv: dict) -> KVFindings:
+    """:func:`measure_kv`'s samples as :class:`KVFindings`."""
     counts = kv["chunk_tokens"]
     nll = kv["chunk_nll"]
     est = increase_estimate(nll["int8"], nll["float"], counts)
@@ -347,8 +364,7 @@ def analyse_kv(kv: dict) -> dict:
         failed="la perplejidad sube con la caché en int8",
         inconclusive=("su intervalo contiene el 0: en este texto la diferencia no se distingue "
                       "de la que da elegir otros fragmentos"))
-    return {"perplexity": ppl, "increase": est.median, "increase_interval": [est.low, est.high],
-            "claims": {"kv_quality": claim}}
+    return KVFindings(ppl, est.median, [est.low, est.high], claim)
 
 
 # --- what the measurements say: speed -----------------------------------------------------------
@@ -356,7 +372,44 @@ def _median(x) -> float:
     return float(np.median(np.asarray(x, dtype=np.float64)))
 
 
-def analyse_speed(speed: dict, config, predict_fn: Callable = reference_predict_step_s) -> dict:
+def halving_verdicts(rows: list[dict]) -> dict[str, claims.Claim]:
+    """For each rung up the ladder, ``halving_<format>``: does the step drop in the proportion of
+    the bytes (at least ``HALVING`` of it), step ratio over bytes ratio with a paired interval?"""
+    found = {}
+    for prev, cur in zip(rows, rows[1:]):
+        bytes_ratio = prev["bytes_per_step"] / cur["bytes_per_step"]
+        est = claims.ratio_estimate(prev["step_s"], cur["step_s"])
+        found[f"halving_{cur['label']}"] = claims.threshold(
+            est.median / bytes_ratio, HALVING, below=False, scale=100, unit="%", decimals=0,
+            interval=(est.low / bytes_ratio, est.high / bytes_ratio),
+            what=(f"de {prev['label']} a {cur['label']} los bytes por paso bajan "
+                  f"{es(bytes_ratio, 2)} veces y el paso, {es(est.median, 2)} veces: lo que baja "
+                  f"el paso / lo que bajan los bytes"),
+            passed=("el paso baja al menos en la proporción del criterio: lo que pesa en él es "
+                    "la lectura de los pesos"),
+            failed=("el paso baja bastante menos que los bytes: pesa algo más que su lectura "
+                    "(el resto del paso, desempaquetar los enteros o un kernel que no satura la "
+                    "memoria)"),
+            inconclusive=("con este ruido no se puede decir si el paso baja en la proporción de "
+                          "los bytes"))
+    return found
+
+
+@dataclass(frozen=True)
+class SpeedFindings:
+    """What :func:`analyse_speed` finds in :func:`measure_speed`'s samples: the read rate, the
+    overhead calibrated on the 16-bit rung, one row per rung (its floor, step, efficiency and
+    prediction) and the claims by key (``faster_<format>``, ``prediction_<format>``,
+    ``halving_<format>``)."""
+
+    bandwidth_bytes_per_s: float
+    overhead_s: float
+    rows: list[dict]
+    verdicts: dict[str, claims.Claim]
+
+
+def analyse_speed(speed: dict, config,
+                  predict_fn: Callable = reference_predict_step_s) -> SpeedFindings:
     """Per rung: the floor (bytes / the read probe, per round), the efficiency floor / step with
     its paired interval, and the prediction of ``predict_fn`` (exercise 3) with the overhead
     calibrated on the 16-bit rung (its median step minus its bandwidth-only prediction). Claims:
@@ -404,24 +457,8 @@ def analyse_speed(speed: dict, config, predict_fn: Callable = reference_predict_
                    "los bytes (un kernel que lee más despacio que la memoria)"),
             inconclusive=(f"con este ruido el paso en {row['label']} no se distingue de la "
                           "predicción"))
-    for prev, cur in zip(rows, rows[1:]):
-        bytes_ratio = prev["bytes_per_step"] / cur["bytes_per_step"]
-        est = claims.ratio_estimate(prev["step_s"], cur["step_s"])
-        found[f"halving_{cur['label']}"] = claims.threshold(
-            est.median / bytes_ratio, HALVING, below=False, scale=100, unit="%", decimals=0,
-            interval=(est.low / bytes_ratio, est.high / bytes_ratio),
-            what=(f"de {prev['label']} a {cur['label']} los bytes por paso bajan "
-                  f"{es(bytes_ratio, 2)} veces y el paso, {es(est.median, 2)} veces: lo que baja "
-                  f"el paso / lo que bajan los bytes"),
-            passed=("el paso baja al menos en la proporción del criterio: lo que pesa en él es "
-                    "la lectura de los pesos"),
-            failed=("el paso baja bastante menos que los bytes: pesa algo más que su lectura "
-                    "(el resto del paso, desempaquetar los enteros o un kernel que no satura la "
-                    "memoria)"),
-            inconclusive=("con este ruido no se puede decir si el paso baja en la proporción de "
-                          "los bytes"))
-    return {"bandwidth_bytes_per_s": bw_med, "overhead_s": overhead, "rows": out,
-            "claims": found}
+    found |= halving_verdicts(rows)
+    return SpeedFindings(bw_med, overhead, out, found)
 
 
 # --- what the measurements say: quality --------------------------------------------------------
@@ -452,7 +489,17 @@ def pareto_front(rows: list[dict]) -> list[str]:
     return [r["label"] for r in sorted(front, key=lambda r: r["bytes_per_weight"])]
 
 
-def analyse_quality(quality: dict) -> dict:
+@dataclass(frozen=True)
+class QualityFindings:
+    """What :func:`analyse_quality` finds in :func:`measure_quality`'s samples: one row per rung,
+    the Pareto front and one claim per quantized format (``quality_<format>``)."""
+
+    rows: list[dict]
+    pareto: list[str]
+    verdicts: dict[str, claims.Claim]
+
+
+def analyse_quality(quality: dict) -> QualityFindings:
     """Per rung: perplexity, its increase over bf16 with a chunk-bootstrap interval, agreement
     with fp32; the Pareto front; one claim per quantized format (does its perplexity exceed
     bf16's?)."""
@@ -482,7 +529,7 @@ def analyse_quality(quality: dict) -> dict:
                 failed="la perplejidad sube frente a bf16",
                 inconclusive=("su intervalo contiene el 0: en este texto la diferencia no se "
                               "distingue de la que da elegir otros fragmentos"))
-    return {"rows": out, "pareto": pareto_front(out), "claims": found}
+    return QualityFindings(out, pareto_front(out), found)
 
 
 def cheapest_within(rows: list[dict], tolerance: float = CHALLENGE_TOLERANCE) -> dict:
@@ -498,94 +545,121 @@ def _ms(seconds) -> list[float]:
     return [1e3 * float(s) for s in seconds]
 
 
-EXPECTATIONS = (
-    ("faster_int8", claims.HIGHER, "int8 decodifica más deprisa que 16 bits"),
-    ("faster_int4", claims.HIGHER, "int4 decodifica más deprisa que 16 bits"),
-    ("quality_int8", None, "la perplejidad de int8 no sube de forma distinguible frente a bf16"),
+CRITERIA = (
+    ("faster_int8", "int8 decodifica más deprisa que 16 bits"),
+    ("faster_int4", "int4 decodifica más deprisa que 16 bits"),
+    ("quality_int8", "la perplejidad de int8 no sube de forma distinguible frente a bf16"),
 )
 
 
-def expectations(found: dict[str, claims.Claim]) -> dict[str, bool]:
-    """Which of the chapter's expectations this run meets (``EXPECTATIONS``): a quantized rung
-    faster than the 16-bit one, and int8's perplexity not above bf16's beyond the noise."""
-    out = {}
-    for key, want, _ in EXPECTATIONS:
-        name = next(k for k in found if k.startswith(key))
-        outcome = found[name].outcome
-        out[key] = outcome == want if want else outcome != claims.FAILED
-    return out
-
-
-def expectations_sentence(met: dict[str, bool]) -> str:
-    missed = [text for key, _, text in EXPECTATIONS if not met[key]]
+def criteria_sentence(met: dict[str, bool]) -> str:
+    """The sentence that says which of the chapter's criteria (``CRITERIA``) a run meets."""
+    missed = [text for key, text in CRITERIA if not met[key]]
     if not missed:
-        return f"Esta ejecución cumple las {len(EXPECTATIONS)} expectativas del capítulo."
-    return (f"Esta ejecución no cumple {len(missed)} de las {len(EXPECTATIONS)} expectativas del "
+        return f"Esta ejecución cumple las {len(CRITERIA)} expectativas del capítulo."
+    return (f"Esta ejecución no cumple {len(missed)} de las {len(CRITERIA)} expectativas del "
             f"capítulo: " + "; ".join(f"«{t}»" for t in missed) + ".")
 
 
-def report(params: dict, speed: dict, speed_found: dict, quality: dict, quality_found: dict,
-           kv: dict, kv_found: dict) -> dict:
-    """The contract's body from the measurements and their analysis (:func:`analyse_speed`,
-    :func:`analyse_quality`, :func:`analyse_kv`). Timings and perplexities are volatile; bytes,
-    budgets and the weights-vs-cache arithmetic are computed."""
-    found = speed_found["claims"] | quality_found["claims"] | kv_found["claims"]
-    srows, qrows = speed_found["rows"], quality_found["rows"]
-    half = srows[1]["label"]
-    met = expectations(found)
-    budgets, roof = kv_budgets(), weights_vs_kv()
-    h100 = budgets["h100_llama31_8b"]
-    w_label = next(k for k in roof["weight_bytes"] if k != "bf16")
-    results = {
-        "speed": {"model": speed["model"], "parameters": speed["parameters"],
-                  "device": speed["device"], "context_len": speed["context_len"],
-                  "decode_tokens": speed["decode_tokens"], "repeats": speed["repeats"],
-                  "torch_threads": speed["torch_threads"],
-                  "bandwidth_read_gbps": speed_found["bandwidth_bytes_per_s"] / 1e9,
-                  "bandwidth_samples_gbps": speed["bandwidth_read_gbps"],
-                  "overhead_ms": 1e3 * speed_found["overhead_s"],
-                  "formats": [{"label": r["label"], "kernels": m["kernels"],
-                               "step_ms": 1e3 * r["step_s"], "step_samples_ms": _ms(m["step_s"]),
-                               "floor_ms": 1e3 * r["floor_s"], "efficiency": r["efficiency"],
-                               "efficiency_interval": r["efficiency_interval"],
-                               "predicted_ms": 1e3 * r["predicted_s"]}
-                              for r, m in zip(srows, speed["formats"])],
-                  "verdicts": {k: c.outcome for k, c in speed_found["claims"].items()},
-                  "expectations": met},
-        "bytes": {"speed_model": speed["model"],
-                  "per_step": {r["label"]: r["bytes_per_step"] for r in speed["formats"]},
-                  "held_by_model": {r["label"]: r["model_bytes"] for r in speed["formats"]},
-                  "quality_model": quality["model"],
-                  "per_weight": {r["label"]: r["bytes_per_weight"] for r in quality["formats"]},
-                  "quality_model_bytes": {r["label"]: r["model_bytes"] for r in quality["formats"]},
-                  "quality_model_bytes_predicted": {r["label"]: r["model_bytes_predicted"]
-                                                    for r in quality["formats"]}},
+@dataclass(frozen=True)
+class Findings:
+    """What the lab found, between its measurements and its report: the three measurements
+    (:func:`measure_speed`, :func:`measure_quality`, :func:`measure_kv`) and what
+    :func:`analyse_speed`, :func:`analyse_quality` and :func:`analyse_kv` found in them."""
+
+    params: dict
+    speed: dict
+    speed_found: SpeedFindings
+    quality: dict
+    quality_found: QualityFindings
+    kv: dict
+    kv_found: KVFindings
+
+    @property
+    def verdicts(self) -> dict[str, claims.Claim]:
+        """Every claim of the lab, by key."""
+        return self.speed_found.verdicts | self.quality_found.verdicts | self.kv_found.verdicts
+
+    @property
+    def criteria_met(self) -> dict[str, bool]:
+        """Which of the chapter's criteria (``CRITERIA``) this run meets: a quantized rung faster
+        than the 16-bit one, and int8's perplexity not above bf16's beyond the noise."""
+        def first(prefix: str) -> claims.Claim:  # int4's key carries its group: faster_int4-g128
+            return next(c for k, c in self.verdicts.items() if k.startswith(prefix))
+        return {"faster_int8": first("faster_int8").outcome == claims.HIGHER,
+                "faster_int4": first("faster_int4").outcome == claims.HIGHER,
+                "quality_int8": first("quality_int8").outcome != claims.FAILED}
+
+
+def _speed_results(f: Findings) -> dict:
+    speed, sf = f.speed, f.speed_found
+    return {"model": speed["model"], "parameters": speed["parameters"],
+            "device": speed["device"], "context_len": speed["context_len"],
+            "decode_tokens": speed["decode_tokens"], "repeats": speed["repeats"],
+            "torch_threads": speed["torch_threads"],
+            "bandwidth_read_gbps": sf.bandwidth_bytes_per_s / 1e9,
+            "bandwidth_samples_gbps": speed["bandwidth_read_gbps"],
+            "overhead_ms": 1e3 * sf.overhead_s,
+            "formats": [{"label": r["label"], "kernels": m["kernels"],
+                         "step_ms": 1e3 * r["step_s"], "step_samples_ms": _ms(m["step_s"]),
+                         "floor_ms": 1e3 * r["floor_s"], "efficiency": r["efficiency"],
+                         "efficiency_interval": r["efficiency_interval"],
+                         "predicted_ms": 1e3 * r["predicted_s"]}
+                        for r, m in zip(sf.rows, speed["formats"])],
+            "verdicts": {k: c.outcome for k, c in sf.verdicts.items()},
+            "expectations": f.criteria_met}
+
+
+def _bytes_results(f: Findings) -> dict:
+    speed, quality = f.speed, f.quality
+    return {"speed_model": speed["model"],
+            "per_step": {r["label"]: r["bytes_per_step"] for r in speed["formats"]},
+            "held_by_model": {r["label"]: r["model_bytes"] for r in speed["formats"]},
+            "quality_model": quality["model"],
+            "per_weight": {r["label"]: r["bytes_per_weight"] for r in quality["formats"]},
+            "quality_model_bytes": {r["label"]: r["model_bytes"] for r in quality["formats"]},
+            "quality_model_bytes_predicted": {r["label"]: r["model_bytes_predicted"]
+                                              for r in quality["formats"]}}
+
+
+def _results(f: Findings) -> dict:
+    quality, qf, kv, kf = f.quality, f.quality_found, f.kv, f.kv_found
+    return {
+        "speed": _speed_results(f),
+        "bytes": _bytes_results(f),
         "quality": {"model": quality["model"], "held_out_tokens": quality["held_out_tokens"],
                     "chunks": quality["chunks"], "agreement_prompts": quality["agreement_prompts"],
                     "agreement_tokens": quality["agreement_tokens"],
-                    "formats": qrows, "pareto": quality_found["pareto"],
-                    "verdicts": {k: c.outcome for k, c in quality_found["claims"].items()}},
-        "kv": {"budgets": budgets, "weights_vs_kv": roof,
+                    "formats": qf.rows, "pareto": qf.pareto,
+                    "verdicts": {k: c.outcome for k, c in qf.verdicts.items()}},
+        "kv": {"budgets": kv_budgets(), "weights_vs_kv": weights_vs_kv(),
                "measured": {"model": kv["model"], "dtype": kv["dtype"],
                             "kv_bytes_per_token": kv["kv_bytes_per_token"],
                             "cache_nbytes_100_tokens": kv["cache_nbytes"],
-                            "perplexity": kv_found["perplexity"],
-                            "increase": kv_found["increase"],
-                            "increase_interval": kv_found["increase_interval"],
+                            "perplexity": kf.perplexity,
+                            "increase": kf.increase,
+                            "increase_interval": kf.increase_interval,
                             "max_abs_logit_diff": kv["max_abs_logit_diff"],
                             "max_abs_logit": kv["max_abs_logit"],
                             "top1_agreement": kv["top1_agreement"],
                             "identical_continuations": kv["identical_continuations"],
                             "agreement_prompts": kv["agreement_prompts"],
-                            "verdict": kv_found["claims"]["kv_quality"].outcome}},
+                            "verdict": kf.kv_quality.outcome}},
     }
-    exact = all(r["model_bytes"] == r["model_bytes_predicted"] for r in quality["formats"])
+
+
+def _speed_evidence(f: Findings) -> list[dict]:
+    """Bytes per step, the bytes the quantized models hold, the floors and steps, and the speed
+    claims (faster, halving, prediction)."""
+    speed, quality, sf = f.speed, f.quality, f.speed_found
+    srows = sf.rows
     q8 = next(r for r in srows if r["label"] == "int8")
     q4 = srows[3]
-    evidence = [
+    exact = all(r["model_bytes"] == r["model_bytes_predicted"] for r in quality["formats"])
+    return [
         _ev(f"Un paso de decodificación con lote 1 de {speed['model']} lee "
             f"{es_bytes(srows[0]['bytes_per_step'])} en fp32, "
-            f"{es_bytes(srows[1]['bytes_per_step'])} en {half}, "
+            f"{es_bytes(srows[1]['bytes_per_step'])} en {srows[1]['label']}, "
             f"{es_bytes(q8['bytes_per_step'])} en int8 y {es_bytes(q4['bytes_per_step'])} en "
             f"{q4['label']} (pesos con sus escalas, una fila de la tabla de embeddings y la caché "
             f"de {speed['context_len']} tokens).", q4["bytes_per_step"], "B"),
@@ -595,26 +669,41 @@ def report(params: dict, speed: dict, speed_found: dict, quality: dict, quality_
             + "; ".join(f"{r['label']} {es(r['model_bytes'], 0)}" for r in quality["formats"])
             + " bytes.", exact, "booleano", source="measured", volatile=True),
         _ev(f"Lectura de la memoria medida en {speed['repeats']} rondas: "
-            f"{es(speed_found['bandwidth_bytes_per_s'] / 1e9, 1)} GB/s; suelo y paso medido por "
+            f"{es(sf.bandwidth_bytes_per_s / 1e9, 1)} GB/s; suelo y paso medido por "
             "formato: " + "; ".join(f"{r['label']} {es(1e3 * r['floor_s'], 1)} y "
                                     f"{es(1e3 * r['step_s'], 1)} ms"
                                     for r in srows) + ".",
-            speed_found["bandwidth_bytes_per_s"] / 1e9, "GB/s", "measured", True),
-        *(c.evidence("x") for k, c in speed_found["claims"].items() if k.startswith("faster_")),
-        *(c.evidence("fracción") for k, c in speed_found["claims"].items()
-          if k.startswith("halving_")),
-        *(c.evidence("x") for k, c in speed_found["claims"].items()
-          if k.startswith("prediction_")),
+            sf.bandwidth_bytes_per_s / 1e9, "GB/s", "measured", True),
+        *(c.evidence("x") for k, c in sf.verdicts.items() if k.startswith("faster_")),
+        *(c.evidence("fracción") for k, c in sf.verdicts.items() if k.startswith("halving_")),
+        *(c.evidence("x") for k, c in sf.verdicts.items() if k.startswith("prediction_")),
+    ]
+
+
+def _quality_evidence(f: Findings) -> list[dict]:
+    quality, qf = f.quality, f.quality_found
+    qrows = qf.rows
+    return [
         _ev(f"Perplejidad de {quality['model']} en {quality['held_out_tokens']} tokens de texto "
             "que su entrenamiento no vio: " + "; ".join(
                 f"{r['label']} {es(r['perplexity'], 1)}" for r in qrows)
             + ". Frente de Pareto (bytes por peso, perplejidad): "
-            + ", ".join(quality_found["pareto"]) + ".",
+            + ", ".join(qf.pareto) + ".",
             qrows[1]["perplexity"], "perplejidad", "measured", True),
         _ev("Coincidencia del token más probable con fp32 en ese texto: " + "; ".join(
             f"{r['label']} {es(100 * r['top1_agreement'], 1)} %" for r in qrows) + ".",
             qrows[-1]["top1_agreement"], "fracción", "measured", True),
-        *(c.evidence("fracción") for c in quality_found["claims"].values()),
+        *(c.evidence("fracción") for c in qf.verdicts.values()),
+    ]
+
+
+def _kv_evidence(f: Findings) -> list[dict]:
+    """The int8 cache: the budgets it frees, where the cache outweighs the weights, and what it
+    costs ``tiny-es``."""
+    kv = f.kv
+    h100, roof = kv_budgets()["h100_llama31_8b"], weights_vs_kv()
+    w_label = next(k for k in roof["weight_bytes"] if k != "bf16")
+    return [
         _ev(f"Con la caché KV en int8 (una escala bf16 por token y cabeza), un token de "
             f"Llama-3.1-8B ocupa {es_bytes(h100['kv_bytes_per_token']['int8'])} en lugar de "
             f"{es_bytes(h100['kv_bytes_per_token']['bf16'])}, y en la H100 del capítulo 2 caben "
@@ -630,8 +719,12 @@ def report(params: dict, speed: dict, speed_found: dict, quality: dict, quality_
             f"{es(100 * kv['top1_agreement'], 1)} % de las posiciones, y "
             f"{kv['identical_continuations']} de {kv['agreement_prompts']} continuaciones "
             "voraces salen idénticas.", kv["max_abs_logit_diff"], "logit", "measured", True),
-        kv_found["claims"]["kv_quality"].evidence("fracción"),
+        f.kv_found.kv_quality.evidence("fracción"),
     ]
+
+
+def _limitations(f: Findings) -> list[str]:
+    speed, quality = f.speed, f.quality
     limitations = [
         f"Los tiempos son de {speed['model']} con pesos aleatorios en {speed['device']}: el coste "
         "de un paso no depende de los valores, pero su texto no significa nada; la calidad se "
@@ -651,11 +744,19 @@ def report(params: dict, speed: dict, speed_found: dict, quality: dict, quality_
         "(QuantizedLinear.kernel); otro motor, con otros kernels, convierte de otra manera los "
         "bytes ahorrados en tiempo.",
     ]
-    if params["torch_threads"]:
+    if f.params["torch_threads"]:
         limitations.append(f"Todo se midió con {speed['torch_threads']} hilo(s) de torch "
                            "(parámetro torch_threads).")
-    return {"environment": {"model": speed["model"], "dtype": half},
-            "results": results, "evidence": evidence, "limitations": limitations,
+    return limitations
+
+
+def report(f: Findings) -> dict:
+    """The contract's body from the lab's findings. Timings and perplexities are volatile;
+    bytes, budgets and the weights-vs-cache arithmetic are computed."""
+    return {"environment": {"model": f.speed["model"], "dtype": f.speed_found.rows[1]["label"]},
+            "results": _results(f),
+            "evidence": _speed_evidence(f) + _quality_evidence(f) + _kv_evidence(f),
+            "limitations": _limitations(f),
             "volatile_fields": ["results.speed", "results.quality", "results.kv.measured"]}
 
 
@@ -663,8 +764,8 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     speed = measure_speed(params, seed, device)
     speed_found = analyse_speed(speed, get_preset(params["speed_model"]))
     quality, kv = measure_quality(params), measure_kv(params)
-    return report(params, speed, speed_found, quality, analyse_quality(quality), kv,
-                  analyse_kv(kv))
+    return report(Findings(params, speed, speed_found, quality, analyse_quality(quality), kv,
+                           analyse_kv(kv)))
 
 
 SPEC = LabSpec(

@@ -7,8 +7,9 @@ One interleaved run on the reader's device (``measure``), repetition by repetiti
    last-level cache), plus a square-matmul probe for the peak (hence the ridge point);
 2. the prefill of a prompt (tokens/s) and decode steps of 1, 2, 4, ... sequences (seconds).
 
-Then pure functions turn those samples into numbers and claims (``analyse_step``,
-``analyse_batching``, ``with_departure``) and into the contract's body (``report``). The
+Then pure functions turn those samples into typed findings, numbers and claims
+(``analyse_step`` -> ``StepFindings``, ``analyse_batching`` + ``with_departure`` ->
+``BatchingFindings``), gathered in ``Findings``, and into the contract's body (``report``). The
 notebook calls the same functions with the student's ``decode_roofline``, ``predict_step`` and
 ``departure_batch`` plugged in; ``run`` (``run_lab``, the CLI, the grader) uses the library's.
 Every conclusion about the machine is a :mod:`ai_evolution.claims` claim: which floor binds,
@@ -18,7 +19,9 @@ against the ridge point, what batching gains and where the curve leaves its pred
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -28,7 +31,7 @@ from .. import claims
 from ..fmt import es, es_bytes
 from ..hardware import (default_dtype, get_device_spec, measure_matmul,
                         measure_stream_bandwidths, synchronize)
-from ..model import get_preset, load_model
+from ..model import ModelConfig, get_preset, load_model
 from ..model.attention import ContiguousKVCache
 from ..reference.roofline import reference_decode_roofline, reference_predict_step
 from ..sim import decode_step_cost, departure_batch, ridge_point, step_cost, time_floor_s
@@ -173,8 +176,95 @@ def mid_context(measured: dict) -> int:
     return measured["context_len"] + measured["decode_tokens"] // 2
 
 
+@dataclass(frozen=True)
+class StepFindings:
+    """What :func:`analyse_step` finds: the machine (medians of the probes, the ridge point with
+    its interval), the batch-1 step against its two floors, prefill against decode, and the
+    claims by name (``floors``, ``share``, ``phases``, ``decode_regime``, ``prefill_regime``)."""
+
+    bandwidth_bytes_per_s: float
+    gemv_bytes_per_s: float
+    peak_flops: float
+    ridge: float
+    ridge_interval: list[float]
+    b1: dict
+    prefill_intensity: float
+    floor_read_s: float
+    floor_gemv_s: float
+    step_s: float
+    efficiency_read: float
+    efficiency_gemv: float
+    efficiency_read_interval: list[float]
+    efficiency_gemv_interval: list[float]
+    prefill_s: float
+    prefill_tps: float
+    decode_tps: float
+    floors: claims.Claim
+    share: claims.Claim
+    phases: claims.Claim
+    decode_regime: claims.Claim
+    prefill_regime: claims.Claim
+
+    @property
+    def verdicts(self) -> dict[str, claims.Claim]:
+        """The claims by key, in the order the contract lists them."""
+        return {"floors": self.floors, "share": self.share, "phases": self.phases,
+                "decode_regime": self.decode_regime, "prefill_regime": self.prefill_regime}
+
+
+def _floor_claims(measured: dict, eff_gemv: claims.Estimate) -> tuple[claims.Claim, claims.Claim]:
+    """Which floor binds (the cold GEMV against the read probe) and whether reading the weights
+    at the GEMV's rate explains most of the batch-1 step (``eff_gemv``: floor / step)."""
+    floors = claims.compare(
+        measured["gemv_gbps"], measured["bandwidth_read_gbps"],
+        what="lo que lee un producto matriz-vector frío / lo que lee la sonda de la memoria "
+             "(GB/s)",
+        higher="los kernels de la decodificación leen al menos tan deprisa como la sonda: aquí "
+               "manda el suelo de la memoria (la sonda lo subestima)",
+        lower="los kernels de la decodificación leen más despacio que la memoria: en esta "
+              "máquina manda el suelo de los kernels, no el de la memoria",
+        inconclusive="con este ruido los dos ritmos no se distinguen: ninguno de los dos suelos "
+                     "manda con claridad sobre el otro")
+    share = claims.threshold(
+        eff_gemv.median, STEP_SHARE, below=False, interval=(eff_gemv.low, eff_gemv.high),
+        what="eficiencia del paso con lote 1 frente al suelo de los kernels (suelo GEMV / paso "
+             "medido)",
+        passed="leer los pesos al ritmo de la GEMV explica más de la mitad del paso: lo que lo "
+               "limita es esa lectura",
+        failed="leer los pesos al ritmo de la GEMV no llega a la mitad del paso: pesa más todo "
+               "lo demás (Python, normalizaciones, atención, lanzar kernels)",
+        inconclusive="con este ruido no se puede decir si la lectura de los pesos explica más o "
+                     "menos de la mitad del paso")
+    return floors, share
+
+
+def _regime_claims(decode_intensity: float, prefill_intensity: float, ridge: claims.Estimate,
+                   prompt_len: int) -> tuple[claims.Claim, claims.Claim]:
+    """Where batch-1 decode and the prefill sit against the measured ridge point."""
+    def regime(intensity: float, phase: str, left: str, right: str, below: bool):
+        return claims.threshold(
+            intensity / ridge.median, 1.0, below=below, scale=1, unit="veces", decimals=2,
+            interval=(intensity / ridge.high, intensity / ridge.low),
+            what=f"intensidad {phase} / punto de cresta medido", passed=left if below else right,
+            failed=right if below else left)
+
+    decode_regime = regime(
+        decode_intensity, "de un paso de decodificación con lote 1",
+        "queda a la izquierda de la cresta: en esta máquina la decodificación con lote 1 está "
+        "limitada por la memoria",
+        "queda a la derecha de la cresta: en esta máquina la decodificación con lote 1 está "
+        "limitada por el cálculo", below=True)
+    prefill_regime = regime(
+        prefill_intensity, f"del prefill de {prompt_len} tokens",
+        "queda a la izquierda de la cresta: en esta máquina el prefill está limitado por la "
+        "memoria",
+        "queda a la derecha de la cresta: en esta máquina el prefill está limitado por el "
+        "cálculo", below=False)
+    return decode_regime, prefill_regime
+
+
 def analyse_step(measured: dict, config, dtype_name: str,
-                 roofline_fn: Callable = reference_decode_roofline) -> dict:
+                 roofline_fn: Callable = reference_decode_roofline) -> StepFindings:
     """The machine, prefill vs decode and the batch-1 step against its two floors.
 
     ``roofline_fn(config, dtype, batch_size, context_len, bandwidth)`` is exercise 1's
@@ -196,71 +286,60 @@ def analyse_step(measured: dict, config, dtype_name: str,
     prefill_cost = step_cost(config, [prompt_len], [prompt_len], dtype_name)
     prefill_tps, decode_tps = prompt_len / prefill, 1 / step
 
-    floors = claims.compare(
-        measured["gemv_gbps"], measured["bandwidth_read_gbps"],
-        what="lo que lee un producto matriz-vector frío / lo que lee la sonda de la memoria "
-             "(GB/s)",
-        higher="los kernels de la decodificación leen al menos tan deprisa como la sonda: aquí "
-               "manda el suelo de la memoria (la sonda lo subestima)",
-        lower="los kernels de la decodificación leen más despacio que la memoria: en esta "
-              "máquina manda el suelo de los kernels, no el de la memoria",
-        inconclusive="con este ruido los dos ritmos no se distinguen: ninguno de los dos suelos "
-                     "manda con claridad sobre el otro")
-    share = claims.threshold(
-        eff_gemv.median, STEP_SHARE, below=False, interval=(eff_gemv.low, eff_gemv.high),
-        what="eficiencia del paso con lote 1 frente al suelo de los kernels (suelo GEMV / paso "
-             "medido)",
-        passed="leer los pesos al ritmo de la GEMV explica más de la mitad del paso: lo que lo "
-               "limita es esa lectura",
-        failed="leer los pesos al ritmo de la GEMV no llega a la mitad del paso: pesa más todo "
-               "lo demás (Python, normalizaciones, atención, lanzar kernels)",
-        inconclusive="con este ruido no se puede decir si la lectura de los pesos explica más o "
-                     "menos de la mitad del paso")
+    floors, share = _floor_claims(measured, eff_gemv)
     phases = claims.compare(
         claims.as_inputs(prefill_tps), claims.as_inputs(decode_tps),
         what=f"tokens/s del prefill de {prompt_len} tokens / tokens/s de la decodificación con "
              "lote 1",
         higher="el prefill procesa más tokens por segundo que la decodificación",
         lower="el prefill procesa menos tokens por segundo que la decodificación")
-
-    def regime(intensity: float, phase: str, left: str, right: str, below: bool):
-        return claims.threshold(
-            intensity / ridge.median, 1.0, below=below, scale=1, unit="veces", decimals=2,
-            interval=(intensity / ridge.high, intensity / ridge.low),
-            what=f"intensidad {phase} / punto de cresta medido", passed=left if below else right,
-            failed=right if below else left)
-
-    decode_regime = regime(
-        b1["intensity"], "de un paso de decodificación con lote 1",
-        "queda a la izquierda de la cresta: en esta máquina la decodificación con lote 1 está "
-        "limitada por la memoria",
-        "queda a la derecha de la cresta: en esta máquina la decodificación con lote 1 está "
-        "limitada por el cálculo", below=True)
-    prefill_regime = regime(
-        prefill_cost.intensity, f"del prefill de {prompt_len} tokens",
-        "queda a la izquierda de la cresta: en esta máquina el prefill está limitado por la "
-        "memoria",
-        "queda a la derecha de la cresta: en esta máquina el prefill está limitado por el "
-        "cálculo", below=False)
-    return {
-        "bandwidth_bytes_per_s": bw, "gemv_bytes_per_s": gemv_bw, "peak_flops": peak_med,
-        "ridge": ridge.median, "ridge_interval": [ridge.low, ridge.high],
-        "b1": b1, "prefill_intensity": prefill_cost.intensity,
-        "floor_read_s": _median(floor_read), "floor_gemv_s": _median(floor_gemv),
-        "step_s": _median(step), "efficiency_read": eff_read.median,
-        "efficiency_gemv": eff_gemv.median,
-        "efficiency_read_interval": [eff_read.low, eff_read.high],
-        "efficiency_gemv_interval": [eff_gemv.low, eff_gemv.high],
-        "prefill_s": _median(prefill), "prefill_tps": _median(prefill_tps),
-        "decode_tps": _median(decode_tps),
-        "claims": {"floors": floors, "share": share, "phases": phases,
-                   "decode_regime": decode_regime, "prefill_regime": prefill_regime},
-    }
+    decode_regime, prefill_regime = _regime_claims(b1["intensity"], prefill_cost.intensity,
+                                                   ridge, prompt_len)
+    return StepFindings(
+        bandwidth_bytes_per_s=bw, gemv_bytes_per_s=gemv_bw, peak_flops=peak_med,
+        ridge=ridge.median, ridge_interval=[ridge.low, ridge.high],
+        b1=b1, prefill_intensity=prefill_cost.intensity,
+        floor_read_s=_median(floor_read), floor_gemv_s=_median(floor_gemv),
+        step_s=_median(step), efficiency_read=eff_read.median,
+        efficiency_gemv=eff_gemv.median,
+        efficiency_read_interval=[eff_read.low, eff_read.high],
+        efficiency_gemv_interval=[eff_gemv.low, eff_gemv.high],
+        prefill_s=_median(prefill), prefill_tps=_median(prefill_tps),
+        decode_tps=_median(decode_tps),
+        floors=floors, share=share, phases=phases, decode_regime=decode_regime,
+        prefill_regime=prefill_regime)
 
 
-def analyse_batching(measured: dict, config, dtype_name: str, step: dict,
+@dataclass(frozen=True)
+class BatchingFindings:
+    """What :func:`analyse_batching` finds: the measured curve (medians and samples) against its
+    calibrated prediction, the rounds' resampled ratios ``ratio_boot`` and the claim ``gain``
+    (None with one batch size); :func:`with_departure` adds where the curve leaves its
+    prediction (``departure_batch``, ``tolerance`` and the claim ``departure``)."""
+
+    batch_sizes: list[int]
+    measured_s: list[float]
+    measured_samples_s: list[list[float]]
+    predicted_s: list[float]
+    rooflines: list[dict]
+    overhead_s: float
+    ratio_boot: np.ndarray
+    tokens_per_s: list[float]
+    gain: claims.Claim | None = None
+    departure_batch: int | None = None
+    tolerance: float | None = None
+    departure: claims.Claim | None = None
+
+    @property
+    def verdicts(self) -> dict[str, claims.Claim]:
+        """The claims that exist, by key: ``gain`` and ``departure``."""
+        return {k: c for k, c in (("gain", self.gain), ("departure", self.departure))
+                if c is not None}
+
+
+def analyse_batching(measured: dict, config, dtype_name: str, step: StepFindings,
                      roofline_fn: Callable = reference_decode_roofline,
-                     predict_fn: Callable = reference_predict_step) -> dict:
+                     predict_fn: Callable = reference_predict_step) -> BatchingFindings:
     """The batching curve against the roofline prediction calibrated on the batch-1 step.
 
     ``predict_fn(bytes, flops, bandwidth, peak, overhead)`` is exercise 2's function (its
@@ -271,7 +350,7 @@ def analyse_batching(measured: dict, config, dtype_name: str, step: dict,
     times), calibration included: the interval ``with_departure`` reads."""
     batches = measured["batch_sizes"]
     samples = np.asarray(measured["decode_step_s"], dtype=np.float64)  # [batch, round]
-    bw, peak = step["bandwidth_bytes_per_s"], step["peak_flops"]
+    bw, peak = step.bandwidth_bytes_per_s, step.peak_flops
     rooflines = [roofline_fn(config, dtype_name, b, mid_context(measured), bw) for b in batches]
     def seconds(r, overhead: float) -> float:
         out = predict_fn(r["bytes"], r["flops"], bw, peak, overhead)
@@ -291,38 +370,39 @@ def analyse_batching(measured: dict, config, dtype_name: str, step: dict,
     idx = rng.integers(0, samples.shape[1], size=(claims.N_BOOT, samples.shape[1]))
     boot_medians = np.median(samples[:, idx], axis=2).T  # [boot, batch]
     boot_ratios = np.array([m / np.asarray(predict(m)[1]) for m in boot_medians])
-    curve = {"batch_sizes": list(batches), "measured_s": medians.tolist(),
-             "measured_samples_s": samples.tolist(), "predicted_s": predicted,
-             "rooflines": rooflines, "overhead_s": overhead,
-             "ratio_boot": boot_ratios,
-             "tokens_per_s": [b / m for b, m in zip(batches, medians)], "claims": {}}
+    gain = None
     if len(batches) > 1:
         top = batches[-1]
-        curve["claims"]["gain"] = claims.compare(
+        gain = claims.compare(
             claims.as_inputs(top / samples[-1]), claims.as_inputs(1 / samples[0]),
             what=f"tokens/s con lote {top} / tokens/s con lote 1",
             higher=f"agrupar {top} secuencias da más tokens por segundo que una sola: una lectura "
                    "de los pesos sirve a todo el lote",
             lower=f"agrupar {top} secuencias da menos tokens por segundo que una sola")
-    return curve
+    return BatchingFindings(
+        batch_sizes=list(batches), measured_s=medians.tolist(),
+        measured_samples_s=samples.tolist(), predicted_s=predicted, rooflines=rooflines,
+        overhead_s=overhead, ratio_boot=boot_ratios,
+        tokens_per_s=[b / m for b, m in zip(batches, medians)], gain=gain)
 
 
-def with_departure(curve: dict, part: int | None, tolerance: float) -> dict:
+def with_departure(curve: BatchingFindings, part: int | None,
+                   tolerance: float) -> BatchingFindings:
     """``curve`` plus where the measured curve leaves its prediction: ``part`` is exercise 3's
     answer on the medians (first batch whose step exceeds the prediction by more than
     ``tolerance``). The claim takes that batch (the largest one when none departs): the same
     ratio of medians against ``1 + tolerance``, with the interval of that ratio over resampled
     rounds, so noise that straddles the criterion reads as inconclusive."""
-    curve = dict(curve, departure_batch=part, tolerance=tolerance, claims=dict(curve["claims"]))
-    batches = curve["batch_sizes"]
+    curve = dataclasses.replace(curve, departure_batch=part, tolerance=tolerance)
+    batches = curve.batch_sizes
     if len(batches) < 2:
         return curve
     i = batches.index(part) if part is not None else len(batches) - 1
     b, tol = batches[i], es(100 * tolerance, 0)
-    value = curve["measured_s"][i] / curve["predicted_s"][i]
+    value = curve.measured_s[i] / curve.predicted_s[i]
     tail = 100 * (1 - claims.LEVEL) / 2
-    low, high = np.percentile(curve["ratio_boot"][:, i], [tail, 100 - tail])
-    if len(curve["measured_samples_s"][i]) < 2:
+    low, high = np.percentile(curve.ratio_boot[:, i], [tail, 100 - tail])
+    if len(curve.measured_samples_s[i]) < 2:
         low = high = value
     if part is not None:
         what = f"lote {b}, el primero cuya mediana supera la predicción: paso medido / predicción"
@@ -338,22 +418,26 @@ def with_departure(curve: dict, part: int | None, tolerance: float) -> dict:
         failed = f"el lote {b} se separa de la predicción"
         inconclusive = (f"ningún lote medido supera la tolerancia del {tol} % por su mediana, "
                         f"pero con este ruido no se puede descartar que el lote {b} ya se separe")
-    curve["claims"]["departure"] = claims.threshold(
+    return dataclasses.replace(curve, departure=claims.threshold(
         value, 1 + tolerance, below=True, scale=1, unit="veces", decimals=2,
         interval=(float(low), float(high)), what=what, passed=passed, failed=failed,
-        inconclusive=inconclusive)
-    return curve
+        inconclusive=inconclusive))
 
 
-def supports_chapter(step: dict, curve: dict) -> str:
-    """Which of the chapter's three expectations this run's claims meet (a sentence)."""
-    rows = [("un prefill con más tokens por segundo que la decodificación",
-             step["claims"]["phases"], "higher"),
-            ("una decodificación con lote 1 a la izquierda del punto de cresta",
-             step["claims"]["decode_regime"], "passed")]
-    if "gain" in curve["claims"]:
-        rows.append(("más tokens por segundo con el lote mayor que con una secuencia",
-                     curve["claims"]["gain"], "higher"))
+# The chapter's criteria: (key of the claim, what it should say, the criterion in words).
+CRITERIA = (
+    ("phases", claims.HIGHER, "un prefill con más tokens por segundo que la decodificación"),
+    ("decode_regime", claims.PASSED,
+     "una decodificación con lote 1 a la izquierda del punto de cresta"),
+    ("gain", claims.HIGHER, "más tokens por segundo con el lote mayor que con una secuencia"),
+)
+
+
+def supports_chapter(step: StepFindings, curve: BatchingFindings) -> str:
+    """Which of the chapter's criteria (``CRITERIA``) this run's claims meet, which are
+    inconclusive and which are missed (a sentence; ``gain`` counts only with two batch sizes)."""
+    found = {**step.verdicts, **curve.verdicts}
+    rows = [(text, found[key], want) for key, want, text in CRITERIA if key in found]
     met = [text for text, c, want in rows if c.outcome == want]
     open_ = [text for text, c, want in rows if c.outcome == claims.INCONCLUSIVE]
     missed = [text for text, c, want in rows if c.outcome not in (want, claims.INCONCLUSIVE)]
@@ -370,99 +454,133 @@ def _ms(seconds) -> list[float]:
     return [1e3 * float(s) for s in seconds]
 
 
-def report(config, dtype_name: str, params: dict, measured: dict, step: dict,
-           curve: dict) -> dict:
-    """The contract's body from the measurements and their analysis (``analyse_step``,
-    ``analyse_batching`` + ``with_departure``). Everything timed is volatile."""
-    reps, prompt_len = measured["repeats"], measured["prompt_len"]
-    b1, c, cc = step["b1"], step["claims"], curve["claims"]
-    probes = measured["probes"]
+@dataclass(frozen=True)
+class Findings:
+    """What the lab found, between its measurements and its report: the model and dtype
+    measured, the samples (:func:`measure`) and what :func:`analyse_step` and
+    :func:`analyse_batching` (+ :func:`with_departure`) found in them."""
+
+    config: ModelConfig
+    dtype_name: str
+    params: dict
+    measured: dict
+    step: StepFindings
+    curve: BatchingFindings
+
+    @property
+    def verdicts(self) -> dict[str, claims.Claim]:
+        """Every claim of the lab, by key."""
+        return {**self.step.verdicts, **self.curve.verdicts}
+
+
+def _h100() -> tuple:
+    """The datasheet H100 SXM, Llama-3.1-8B's bf16 floor per token (ms) and the bf16 ridge."""
     h100 = get_device_spec("h100-sxm")
     l31 = decode_step_cost(get_preset("llama-3.1-8b"), 1, 0, "bf16")
-    h100_floor_ms = time_floor_s(l31.bytes, h100.bandwidth_bytes_per_s) * 1e3
-    h100_ridge = ridge_point(h100.peak_flops["bf16"], h100.bandwidth_bytes_per_s)
-    results = {
-        "machine": {"repeats": reps,
-                    "bandwidth_read_gbps": step["bandwidth_bytes_per_s"] / 1e9,
+    return (h100, time_floor_s(l31.bytes, h100.bandwidth_bytes_per_s) * 1e3,
+            ridge_point(h100.peak_flops["bf16"], h100.bandwidth_bytes_per_s))
+
+
+def _results(f: Findings) -> dict:
+    measured, step, curve, b1 = f.measured, f.step, f.curve, f.step.b1
+    _, h100_floor_ms, h100_ridge = _h100()
+    return {
+        "machine": {"repeats": measured["repeats"],
+                    "bandwidth_read_gbps": step.bandwidth_bytes_per_s / 1e9,
                     "bandwidth_samples_gbps": measured["bandwidth_read_gbps"],
-                    "gemv_gbps": step["gemv_bytes_per_s"] / 1e9,
+                    "gemv_gbps": step.gemv_bytes_per_s / 1e9,
                     "gemv_samples_gbps": measured["gemv_gbps"],
-                    "matmul_gflops": step["peak_flops"] / 1e9,
+                    "matmul_gflops": step.peak_flops / 1e9,
                     "matmul_samples_gflops": measured["matmul_gflops"],
-                    "ridge_flop_per_byte": step["ridge"], "probes": probes},
-        "model": {"name": config.name, "dtype": dtype_name, "bytes_per_decode_step": b1["bytes"],
+                    "ridge_flop_per_byte": step.ridge, "probes": measured["probes"]},
+        "model": {"name": f.config.name, "dtype": f.dtype_name, "bytes_per_decode_step": b1["bytes"],
                   "flops_per_decode_token": b1["flops"], "intensity_decode_b1": b1["intensity"],
-                  "intensity_prefill": step["prefill_intensity"]},
-        "prefill_decode": {"prompt_len": prompt_len, "prefill_s": step["prefill_s"],
+                  "intensity_prefill": step.prefill_intensity},
+        "prefill_decode": {"prompt_len": measured["prompt_len"], "prefill_s": step.prefill_s,
                            "prefill_samples_s": measured["prefill_s"],
-                           "prefill_tokens_per_s": step["prefill_tps"],
-                           "decode_tokens_per_s": step["decode_tps"],
-                           "ratio": c["phases"].value},
-        "floor": {"floor_b1_ms": 1e3 * step["floor_read_s"],
-                  "gemv_floor_b1_ms": 1e3 * step["floor_gemv_s"],
-                  "measured_b1_ms": 1e3 * step["step_s"],
+                           "prefill_tokens_per_s": step.prefill_tps,
+                           "decode_tokens_per_s": step.decode_tps,
+                           "ratio": step.phases.value},
+        "floor": {"floor_b1_ms": 1e3 * step.floor_read_s,
+                  "gemv_floor_b1_ms": 1e3 * step.floor_gemv_s,
+                  "measured_b1_ms": 1e3 * step.step_s,
                   "measured_b1_samples_ms": _ms(measured["decode_step_s"][0]),
-                  "efficiency": step["efficiency_read"], "gemv_efficiency": step["efficiency_gemv"],
-                  "fitted_overhead_ms": 1e3 * curve["overhead_s"]},
-        "batching": {"batch_sizes": curve["batch_sizes"], "context_len": mid_context(measured),
-                     "measured_ms": _ms(curve["measured_s"]),
-                     "measured_samples_ms": [_ms(s) for s in curve["measured_samples_s"]],
-                     "predicted_ms": _ms(curve["predicted_s"]),
-                     "tokens_per_s": curve["tokens_per_s"],
-                     "departure_batch": curve.get("departure_batch"),
-                     "tolerance": curve.get("tolerance", params["tolerance"])},
-        "verdicts": {k: v.outcome for k, v in {**c, **cc}.items()},
+                  "efficiency": step.efficiency_read, "gemv_efficiency": step.efficiency_gemv,
+                  "fitted_overhead_ms": 1e3 * curve.overhead_s},
+        "batching": {"batch_sizes": curve.batch_sizes, "context_len": mid_context(measured),
+                     "measured_ms": _ms(curve.measured_s),
+                     "measured_samples_ms": [_ms(s) for s in curve.measured_samples_s],
+                     "predicted_ms": _ms(curve.predicted_s),
+                     "tokens_per_s": curve.tokens_per_s,
+                     "departure_batch": curve.departure_batch,
+                     "tolerance": (curve.tolerance if curve.tolerance is not None
+                                   else f.params["tolerance"])},
+        "verdicts": {k: v.outcome for k, v in f.verdicts.items()},
         "datasheet": {"h100_llama31_8b_bf16_floor_ms": h100_floor_ms,
                       "h100_bf16_ridge_flop_per_byte": h100_ridge},
     }
-    evidence = [
-        _ev(f"Sondas intercaladas ({reps} rondas, medianas): la memoria lee "
-            f"{es(step['bandwidth_bytes_per_s'] / 1e9, 1)} GB/s (torch.sum sobre "
+
+
+def _evidence(f: Findings) -> list[dict]:
+    step, probes, b1 = f.step, f.measured["probes"], f.step.b1
+    h100, h100_floor_ms, h100_ridge = _h100()
+    return [
+        _ev(f"Sondas intercaladas ({f.measured['repeats']} rondas, medianas): la memoria lee "
+            f"{es(step.bandwidth_bytes_per_s / 1e9, 1)} GB/s (torch.sum sobre "
             f"{es_bytes(probes['read_bytes'])}); un producto matriz-vector frío lee "
-            f"{es(step['gemv_bytes_per_s'] / 1e9, 1)} GB/s (ciclo de "
-            f"{es_bytes(probes['gemv_working_set_bytes'])} de pesos); matmul {dtype_name}: "
-            f"{es(step['peak_flops'] / 1e9, 0)} GFLOP/s; punto de cresta "
-            f"{es(step['ridge'], 1)} FLOP/byte.", step["bandwidth_bytes_per_s"] / 1e9, "GB/s",
+            f"{es(step.gemv_bytes_per_s / 1e9, 1)} GB/s (ciclo de "
+            f"{es_bytes(probes['gemv_working_set_bytes'])} de pesos); matmul {f.dtype_name}: "
+            f"{es(step.peak_flops / 1e9, 0)} GFLOP/s; punto de cresta "
+            f"{es(step.ridge, 1)} FLOP/byte.", step.bandwidth_bytes_per_s / 1e9, "GB/s",
             "measured", True),
-        c["floors"].evidence("x"),
-        _ev(f"Un paso de decodificación de {config.name} en {dtype_name} lee "
+        step.floors.evidence("x"),
+        _ev(f"Un paso de decodificación de {f.config.name} en {f.dtype_name} lee "
             f"{es(b1['bytes'] / 1e6, 1)} MB y hace {es(b1['intensity'], 2)} FLOP/byte.",
             b1["bytes"], "B"),
-        _ev(f"Paso con lote 1: {es(1e3 * step['step_s'], 2)} ms medidos; suelo de la memoria "
-            f"{es(1e3 * step['floor_read_s'], 2)} ms (eficiencia "
-            f"{es(100 * step['efficiency_read'], 0)} %); "
-            f"suelo de los kernels {es(1e3 * step['floor_gemv_s'], 2)} ms (eficiencia "
-            f"{es(100 * step['efficiency_gemv'], 0)} %).", step["efficiency_read"], "fracción",
+        _ev(f"Paso con lote 1: {es(1e3 * step.step_s, 2)} ms medidos; suelo de la memoria "
+            f"{es(1e3 * step.floor_read_s, 2)} ms (eficiencia "
+            f"{es(100 * step.efficiency_read, 0)} %); "
+            f"suelo de los kernels {es(1e3 * step.floor_gemv_s, 2)} ms (eficiencia "
+            f"{es(100 * step.efficiency_gemv, 0)} %).", step.efficiency_read, "fracción",
             "measured", True),
-        c["share"].evidence("fracción"),
-        c["phases"].evidence("x"),
-        c["decode_regime"].evidence("x"),
-        c["prefill_regime"].evidence("x"),
-        *(cc[k].evidence("x") for k in ("gain", "departure") if k in cc),
+        step.share.evidence("fracción"),
+        step.phases.evidence("x"),
+        step.decode_regime.evidence("x"),
+        step.prefill_regime.evidence("x"),
+        *(c.evidence("x") for c in f.curve.verdicts.values()),
         _ev(f"Con la hoja de datos de la H100 SXM ({es(h100.bandwidth_bytes_per_s / 1e12, 2)} "
             f"TB/s), Llama-3.1-8B en bf16 tiene un suelo de {es(h100_floor_ms, 1)} ms por token; "
             f"su punto de cresta es {es(h100_ridge, 0)} FLOP/byte.", h100_floor_ms, "ms", "cited"),
     ]
+
+
+def _limitations(f: Findings) -> list[str]:
+    probes = f.measured["probes"]
     limitations = [
-        f"Pesos aleatorios ({config.name}): el coste no depende de los valores, pero el texto "
+        f"Pesos aleatorios ({f.config.name}): el coste no depende de los valores, pero el texto "
         "generado no significa nada.",
         "Dos suelos, dos sondas: la memoria se mide con una reducción (torch.sum) y los kernels "
         f"con un producto matriz-vector de forma fija ({probes['gemv_shape'][0]} × "
         f"{probes['gemv_shape'][1]}); las matrices del modelo tienen otras formas y su GEMV puede "
         "leer algo más deprisa o más despacio.",
-        timing_limitation(reps),
+        timing_limitation(f.measured["repeats"]),
         "La predicción de la curva usa el pico de una multiplicación de matrices cuadrada grande; "
         "las multiplicaciones con pocas filas de la decodificación no lo alcanzan, y eso es "
         "parte de lo que la curva muestra.",
         "Los pasos se miden con la caché llena de valores aleatorios en lugar de un prefill: el "
         "trabajo de un paso depende de cuántas posiciones atiende, no de lo que contienen.",
     ]
-    if params["torch_threads"]:
+    if f.params["torch_threads"]:
         limitations.append(
             f"Todo se midió con {probes['torch_threads']} hilo(s) de torch (parámetro "
             "torch_threads): con otro número de hilos la máquina lee y calcula a otro ritmo.")
-    return {"environment": {"model": config.name, "dtype": dtype_name}, "results": results,
-            "evidence": evidence, "limitations": limitations,
+    return limitations
+
+
+def report(f: Findings) -> dict:
+    """The contract's body from the lab's findings. Everything timed is volatile."""
+    return {"environment": {"model": f.config.name, "dtype": f.dtype_name},
+            "results": _results(f), "evidence": _evidence(f), "limitations": _limitations(f),
             "volatile_fields": ["results.machine", "results.prefill_decode", "results.floor",
                                 "results.batching.measured_ms",
                                 "results.batching.measured_samples_ms",
@@ -477,10 +595,10 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     measured = measure(model, params, seed)
     step = analyse_step(measured, model.config, dtype_name)
     curve = analyse_batching(measured, model.config, dtype_name, step)
-    part = departure_batch(curve["batch_sizes"], curve["measured_s"], curve["predicted_s"],
+    part = departure_batch(curve.batch_sizes, curve.measured_s, curve.predicted_s,
                            params["tolerance"])
     curve = with_departure(curve, part, params["tolerance"])
-    return report(model.config, dtype_name, params, measured, step, curve)
+    return report(Findings(model.config, dtype_name, params, measured, step, curve))
 
 
 SPEC = LabSpec(

@@ -8,14 +8,16 @@
 
 Step, token and preemption counts are deterministic; every time is measured in interleaved rounds
 (``timing_repeats``) and a conclusion drawn from times is a ``claims.compare``. The measurement
-functions run the lab; ``report`` turns what they measured into the contract's body, so a
-notebook that measured with the student's functions builds its contract from its own numbers
-(``report`` + ``assemble_contract``) and ``run`` (= measure + report) serves ``run_lab``.
+functions run the lab; ``Findings`` holds what they measured and the claims drawn from it, and
+``report`` turns the findings into the contract's body, so a notebook that measured with the
+student's functions builds its contract from its own numbers (``Findings`` + ``report`` +
+``assemble_contract``) and ``run`` (= measure + findings + report) serves ``run_lab``.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -175,7 +177,7 @@ def _finite_pairs(a: list, b: list) -> tuple[list[float], list[float]]:
     return [x for x, _ in keep], [y for _, y in keep]
 
 
-def tradeoff_claims(real: list[dict]) -> dict[str, claims.Claim]:
+def tradeoff_verdicts(real: list[dict]) -> dict[str, claims.Claim]:
     """The chunked-prefill trade-off on this machine, smallest budget against the largest, from
     ``tradeoff_real``'s interleaved rounds: the long prompt's TTFT, and the others' median
     inter-token gap while it is computed (the median, not the p99: a p99 over the many short
@@ -200,7 +202,7 @@ def tradeoff_claims(real: list[dict]) -> dict[str, claims.Claim]:
     return out
 
 
-def preemption_claims(pressure: list[dict]) -> dict[str, claims.Claim]:
+def preemption_verdicts(pressure: list[dict]) -> dict[str, claims.Claim]:
     """What a small pool costs on this machine, from ``preemption_study``'s interleaved rounds:
     tokens/s with the smallest pool against the largest, and (when the smallest pool preempted
     some requests and spared others) the end-to-end latency of the preempted against the spared."""
@@ -225,7 +227,7 @@ def preemption_claims(pressure: list[dict]) -> dict[str, claims.Claim]:
 def verdicts(real: list[dict], pressure: list[dict]) -> dict[str, claims.Claim]:
     """Every timed conclusion of the lab: ``ttft``, ``itl``, ``throughput`` and ``latency``
     (the last two only when their samples exist)."""
-    return {**tradeoff_claims(real), **preemption_claims(pressure)}
+    return {**tradeoff_verdicts(real), **preemption_verdicts(pressure)}
 
 
 def sim_sentence(params: dict, sim: list[dict]) -> str:
@@ -269,27 +271,72 @@ def same_tokens_sentence(same: bool) -> str:
             "tiene un error.")
 
 
-def report(model_name: str, params: dict, real: list[dict], sim: list[dict], pressure: list[dict],
-           claims_: dict[str, claims.Claim] | None = None) -> dict:
-    """The contract's body from ``tradeoff_real``, ``tradeoff_sim`` and ``preemption_study``.
-    ``claims_``: the notebook's own ``verdicts(real, pressure)`` (computed here when not given),
-    so the page and its contract carry the same claims."""
-    v = claims_ if claims_ is not None else verdicts(real, pressure)
-    exact = all(p["outputs"] == pressure[0]["outputs"] for p in pressure)
-    repeats = len(real[0]["ttft_s"])
-    results = {
-        "model": {"name": model_name},
+@dataclass(frozen=True)
+class Findings:
+    """What the lab found, between its measurements and its report: the three measurements
+    (``tradeoff_real``, ``tradeoff_sim`` and ``preemption_study`` rows) and the claims drawn
+    from them, by name (``itl`` and ``latency`` are None when their samples do not exist)."""
+
+    model_name: str
+    params: dict
+    real: list[dict]
+    sim: list[dict]
+    pressure: list[dict]
+    ttft: claims.Claim
+    itl: claims.Claim | None
+    throughput: claims.Claim
+    latency: claims.Claim | None
+
+    @classmethod
+    def from_measurements(cls, model_name: str, params: dict, real: list[dict], sim: list[dict],
+                          pressure: list[dict],
+                          found: dict[str, claims.Claim] | None = None) -> Findings:
+        """The findings of the three measurements. ``found``: the notebook's own
+        ``verdicts(real, pressure)`` (computed here when not given), so the page and its
+        contract carry the same claims."""
+        v = verdicts(real, pressure) if found is None else found
+        return cls(model_name, params, real, sim, pressure, ttft=v["ttft"], itl=v.get("itl"),
+                   throughput=v["throughput"], latency=v.get("latency"))
+
+    @property
+    def smallest_budget(self) -> dict:
+        return min(self.real, key=lambda r: r["budget"])
+
+    @property
+    def largest_budget(self) -> dict:
+        return max(self.real, key=lambda r: r["budget"])
+
+    @property
+    def smallest_pool(self) -> dict:
+        return min(self.pressure, key=lambda r: r["pool_blocks"])
+
+    @property
+    def outputs_identical(self) -> bool:
+        """Whether every pool size gave every request the same tokens."""
+        return all(p["outputs"] == self.pressure[0]["outputs"] for p in self.pressure)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.real[0]["ttft_s"])
+
+
+def _results(f: Findings) -> dict:
+    """The contract's ``results``: counts, timings per round (and their medians), the simulated
+    rows and the preemption study."""
+    real, pressure = f.real, f.pressure
+    return {
+        "model": {"name": f.model_name},
         "tradeoff": {"budgets": [r["budget"] for r in real],
                      "ttft_steps": [r["ttft_steps"] for r in real],
                      "max_step_tokens": [r["max_step_tokens"] for r in real],
                      "repeats_identical": all(r["repeats_identical"] for r in real)},
-        "tradeoff_timing": {"rounds": repeats,
+        "tradeoff_timing": {"rounds": f.rounds,
                             **{k: [claims.as_inputs(r[k]) for r in real] for k in TIMED},
                             **{f"{k}_median": [float(np.median(r[k])) for r in real] for k in TIMED}},
-        "tradeoff_sim": {"device": params["dc_device"], "model": params["dc_model"],
+        "tradeoff_sim": {"device": f.params["dc_device"], "model": f.params["dc_model"],
                          "rows": [{k: r[k] for k in ("budget", "ttft_s", "ttft_steps", "itl_p99_s",
-                                                     "max_step_tokens")} for r in sim]},
-        "preemption": {"outputs_identical": exact,
+                                                     "max_step_tokens")} for r in f.sim]},
+        "preemption": {"outputs_identical": f.outputs_identical,
                        "repeats_identical": all(p["repeats_identical"] for p in pressure),
                        "rows": [{k: p[k] for k in ("pool_blocks", "steps", "num_preemptions",
                                                    "preempted_tokens", "preempted_requests",
@@ -297,27 +344,39 @@ def report(model_name: str, params: dict, real: list[dict], sim: list[dict], pre
                                 for p in pressure]},
         "preemption_timing": [{"pool_blocks": p["pool_blocks"], **p["timing"]} for p in pressure],
     }
-    lo, hi = min(real, key=lambda r: r["budget"]), max(real, key=lambda r: r["budget"])
-    evidence = [
-        _ev(f"En {model_name}, con presupuesto de {lo['budget']} tokens el prompt largo tarda "
+
+
+def _evidence(f: Findings) -> list[dict]:
+    """The contract's ``evidence``: the step counts, the trade-off's claims, the simulated
+    trade-off, the preemption counts and the pool's claims, in that order."""
+    lo, hi = f.smallest_budget, f.largest_budget
+    return [
+        _ev(f"En {f.model_name}, con presupuesto de {lo['budget']} tokens el prompt largo tarda "
             f"{lo['ttft_steps']} pasos en dar su primer token; con {hi['budget']}, "
             f"{hi['ttft_steps']}.", lo["ttft_steps"], "pasos"),
-        *[v[k].evidence("x") for k in ("ttft", "itl") if k in v],
-        _ev(sim_sentence(params, sim), sim[0]["ttft_s"], "s"),
-        _ev(preemption_sentence(pressure) + " " + same_tokens_sentence(exact),
-            min(pressure, key=lambda r: r["pool_blocks"])["num_preemptions"], "expulsiones"),
-        *[v[k].evidence("x") for k in ("throughput", "latency") if k in v],
+        *[c.evidence("x") for c in (f.ttft, f.itl) if c is not None],
+        _ev(sim_sentence(f.params, f.sim), f.sim[0]["ttft_s"], "s"),
+        _ev(preemption_sentence(f.pressure) + " " + same_tokens_sentence(f.outputs_identical),
+            f.smallest_pool["num_preemptions"], "expulsiones"),
+        *[c.evidence("x") for c in (f.throughput, f.latency) if c is not None],
     ]
-    limitations = [
-        f"El modelo medido ({model_name}) es pequeño: el coste de su prefill frente a un paso de "
+
+
+def _limitations(f: Findings) -> list[str]:
+    return [
+        f"El modelo medido ({f.model_name}) es pequeño: el coste de su prefill frente a un paso de "
         "decodificación no es el de un modelo grande (véase la simulación).",
         datasheet_sim_limitation(),
         "La expulsión es por recálculo; vLLM v0 también podía copiar bloques a la CPU (swap).",
-        timing_limitation(repeats),
-        threads_limitation(params.get("torch_threads", 0)),
+        timing_limitation(f.rounds),
+        threads_limitation(f.params.get("torch_threads", 0)),
     ]
-    return {"environment": {"model": model_name}, "results": results, "evidence": evidence,
-            "limitations": limitations,
+
+
+def report(f: Findings) -> dict:
+    """The contract's body from the lab's findings."""
+    return {"environment": {"model": f.model_name}, "results": _results(f),
+            "evidence": _evidence(f), "limitations": _limitations(f),
             "volatile_fields": ["results.tradeoff_timing", "results.preemption_timing"]}
 
 
@@ -338,7 +397,7 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     real = tradeoff_real(model, params, seed, repeats)
     sim = tradeoff_sim(params, seed)
     pressure = preemption_study(model, params, seed, repeats=repeats)
-    return report(model.config.name, params, real, sim, pressure)
+    return report(Findings.from_measurements(model.config.name, params, real, sim, pressure))
 
 
 SPEC = LabSpec(

@@ -19,8 +19,9 @@
 6. The H100 prediction (computed, :func:`h100_prediction`): Llama 3.1 8B with a Llama 3.2 1B
    draft, speedup vs batch size from the roofline cost model.
 
-:func:`report` turns the measurements into the contract's body, every conclusion about this
-machine a :mod:`ai_evolution.claims` claim; ``run`` = measure + report.
+:class:`Findings` holds the measurements and every conclusion about this machine, each a
+:mod:`ai_evolution.claims` claim; :func:`report` turns the findings into the contract's body.
+``run`` = measure + findings + report.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from importlib import resources
 from typing import Callable
 
@@ -47,8 +49,8 @@ from ..speculative import (SpecStep, SpeculativeOutput, chi_square_gof, greedy_a
                            speculative_generate)
 from ..timing import torch_threads
 from .common import MODEL_DTYPE_PARAM, served_dtype
-from .contract import (evidence as _ev, met_criteria_sentence, threads_limitation,
-                       timing_limitation)
+from .contract import (claims_starting, evidence as _ev, met_criteria_sentence,
+                       threads_limitation, timing_limitation)
 from .registry import LabParamError, LabSpec, Param
 
 # |measured tokens per step - formula| / formula that still reads as "the formula predicts it":
@@ -376,13 +378,57 @@ CRITERIA = (
 )
 
 
-def chapter_criteria(acceptance: dict, found: dict[str, claims.Claim]) -> dict[str, bool]:
-    """Which of ``CRITERIA`` this run meets. Time is not one: whether speculation pays depends
-    on the machine and on alpha, and the lab reports it either way."""
-    ok = lambda key: found[key].outcome == claims.PASSED  # noqa: E731
-    return {"exact_loop": ok("exact_loop"), "exact_engine": ok("exact_engine"),
-            "replay": acceptance["replays_matching"] == acceptance["runs_compared"],
-            "distribution": ok("distribution"), "control": ok("control")}
+@dataclass(frozen=True)
+class Findings:
+    """What the lab found, between its measurements and its report: the measurements
+    (:func:`measure_acceptance`, :func:`measure_step_costs`, :func:`measure_timing`,
+    :func:`measure_engine`, :func:`measure_distribution`, :func:`h100_prediction`) and the claims
+    drawn from them by name (``formula``, ``speedup`` and ``per_batch`` hold one claim per k or
+    per batch size, by their keys in :func:`verdicts`)."""
+
+    params: dict
+    acceptance: dict
+    costs: dict
+    timing: dict
+    engine: dict
+    dist: dict
+    h100: dict
+    formula: dict[str, claims.Claim]
+    speedup: dict[str, claims.Claim]
+    per_batch: dict[str, claims.Claim]
+    exact_loop: claims.Claim
+    exact_engine: claims.Claim
+    distribution: claims.Claim
+    control: claims.Claim
+
+    @classmethod
+    def from_measurements(cls, params: dict, acceptance: dict, costs: dict, timing: dict,
+                          engine: dict, dist: dict, h100: dict,
+                          found: dict[str, claims.Claim] | None = None) -> Findings:
+        """``found``: the claims of :func:`verdicts` the page already glued (computed here
+        otherwise)."""
+        found = verdicts(acceptance, timing, engine, dist) if found is None else found
+        return cls(params, acceptance, costs, timing, engine, dist, h100,
+                   formula=claims_starting(found, "formula_"),
+                   speedup=claims_starting(found, "speedup_"),
+                   per_batch=claims_starting(found, "engine_"), exact_loop=found["exact_loop"],
+                   exact_engine=found["exact_engine"], distribution=found["distribution"],
+                   control=found["control"])
+
+    @property
+    def criteria_met(self) -> dict[str, bool]:
+        """Which of ``CRITERIA`` this run meets. Time is not one: whether speculation pays
+        depends on the machine and on alpha, and the lab reports it either way."""
+        def ok(claim: claims.Claim) -> bool:
+            return claim.outcome == claims.PASSED
+        return {"exact_loop": ok(self.exact_loop), "exact_engine": ok(self.exact_engine),
+                "replay": self.acceptance["replays_matching"] == self.acceptance["runs_compared"],
+                "distribution": ok(self.distribution), "control": ok(self.control)}
+
+    @property
+    def measured_speedup(self) -> dict[int, float]:
+        """The measured speedup of each k."""
+        return {k: self.speedup[f"speedup_k{k}"].value for k in self.params["ks"]}
 
 
 def criteria_sentence(met: dict[str, bool]) -> str:
@@ -440,64 +486,74 @@ def batch_sentence(engine: dict, found: dict[str, claims.Claim]) -> str:
     return f"{head} (aceleración medida, {ratios})."
 
 
-def report(params: dict, acceptance: dict, costs: dict, timing: dict, engine: dict, dist: dict,
-           h100: dict, found: dict[str, claims.Claim] | None = None) -> dict:
-    """The contract's body from the measurements."""
-    found = verdicts(acceptance, timing, engine, dist) if found is None else found
-    met = chapter_criteria(acceptance, found)
-    preds = predicted_speedups(acceptance, costs)
-    measured = {k: found[f"speedup_k{k}"].value for k in params["ks"]}
-    best_measured = max(measured, key=measured.get)
-    row = main_row(acceptance)
-    formula_best = best_k(row["alpha"], costs["cost_ratio"], max(params["ks"]))
-    results = {
-        "acceptance": acceptance,
-        "step_costs": costs,
+def _results(f: Findings) -> dict:
+    measured = f.measured_speedup
+    timing = f.timing
+    return {
+        "acceptance": f.acceptance,
+        "step_costs": f.costs,
         "timing": timing | {"median_ms": {k: float(np.median(v)) for k, v in timing["ms"].items()},
                             "speedup": measured},
-        "predicted_speedup": preds,
-        "best_k_measured": best_measured,
-        "best_k_formula": formula_best,
-        "engine": engine,
-        "distribution": dist,
-        "h100": h100,
-        "chapter_criteria": met,
+        "predicted_speedup": predicted_speedups(f.acceptance, f.costs),
+        "best_k_measured": max(measured, key=measured.get),
+        "best_k_formula": best_k(main_row(f.acceptance)["alpha"], f.costs["cost_ratio"],
+                                 max(f.params["ks"])),
+        "engine": f.engine,
+        "distribution": f.dist,
+        "h100": f.h100,
+        "chapter_criteria": f.criteria_met,
     }
-    a = h100["assumed"]
-    be = a["break_even_batch"]
-    evidence = [
+
+
+def _acceptance_evidence(f: Findings) -> list[dict]:
+    """Acceptance per k, the formula's claims, exactness, and the measured step costs with the
+    speedups they predict."""
+    acceptance, costs, k_max = f.acceptance, f.costs, max(f.params["ks"])
+    return [
         *(_ev(f"Con k = {r['k']}, sobre {acceptance['prompts']} prompts del texto reservado: tasa "
               f"de aceptación α = {es(r['alpha'], 3)}, {es(r['mean_accepted'], 2)} tokens del "
               f"borrador aceptados por paso y {es(r['tokens_per_step'], 2)} tokens por paso "
               f"(la fórmula predice {es(r['predicted_tokens_per_step'], 2)}).", r["alpha"], "α",
               source="measured") for r in acceptance["per_k"]),
-        *(c.evidence("fracción") for key, c in found.items() if key.startswith("formula_")),
-        found["exact_loop"].evidence("fracción"),
-        found["exact_engine"].evidence("fracción"),
+        *(c.evidence("fracción") for c in f.formula.values()),
+        f.exact_loop.evidence("fracción"),
+        f.exact_engine.evidence("fracción"),
         _ev(f"Un paso del borrador cuesta {es(costs['cost_ratio'], 2)} pasos del objetivo en esta "
-            f"máquina; verificar k + 1 = {max(params['ks']) + 1} tokens cuesta "
-            f"{es(costs['verify_ratio'][max(params['ks'])], 2)} pasos del objetivo.",
+            f"máquina; verificar k + 1 = {k_max + 1} tokens cuesta "
+            f"{es(costs['verify_ratio'][k_max], 2)} pasos del objetivo.",
             costs["cost_ratio"], "pasos del objetivo", source="measured", volatile=True),
         *(_ev(f"Con k = {k}, la fórmula de Leviathan et al. predice una aceleración de "
               f"{es(p['formula'], 2)} con el coste medido del borrador, y {es(p['with_verify'], 2)} "
               f"contando el tiempo medido de la verificación.", p["with_verify"], "x",
-              source="measured", volatile=True) for k, p in preds.items()),
-        *(c.evidence("x") for key, c in found.items() if key.startswith("speedup_")),
-        *(c.evidence("x") for key, c in found.items() if key.startswith("engine_")),
-        _ev(batch_sentence(engine, found), found[f"engine_b{engine['batches'][0]['batch_size']}"].value,
-            "x", source="measured", volatile=True),
-        found["distribution"].evidence("valor p"),
-        found["control"].evidence("valor p"),
+              source="measured", volatile=True)
+          for k, p in predicted_speedups(acceptance, costs).items()),
+    ]
+
+
+def _speed_evidence(f: Findings) -> list[dict]:
+    """The measured speedups, the engine per batch, sampling verification and the H100."""
+    h100, a = f.h100, f.h100["assumed"]
+    first_batch = f.per_batch[f"engine_b{f.engine['batches'][0]['batch_size']}"]
+    return [
+        *(c.evidence("x") for c in f.speedup.values()),
+        *(c.evidence("x") for c in f.per_batch.values()),
+        _ev(batch_sentence(f.engine, f.per_batch), first_batch.value, "x", source="measured",
+            volatile=True),
+        f.distribution.evidence("valor p"),
+        f.control.evidence("valor p"),
         _ev(f"Simulador, H100 con Llama 3.1 8B y borrador Llama 3.2 1B, α supuesto de "
             f"{es(a['alpha'], 2)}, k = {h100['k']}: aceleración de {es(a['speedup'][0], 2)} con "
             f"lote 1 y de {es(a['speedup'][-1], 2)} con lote {h100['batch_sizes'][-1]}; "
-            + break_even_text(be) + ".",
+            + break_even_text(a["break_even_batch"]) + ".",
             a["speedup"][0], "x"),
         _ev(f"El mismo simulador con el α medido aquí ({es(h100['measured']['alpha'], 3)}) predice "
             f"{es(h100['measured']['speedup'][0], 2)} con lote 1.", h100["measured"]["speedup"][0],
             "x", source="measured", volatile=False),
     ]
-    limitations = [
+
+
+def _limitations(f: Findings) -> list[str]:
+    return [
         "Los modelos son pequeños y se ejecutan en esta máquina: un paso del borrador no cuesta "
         "aquí una fracción tan pequeña de uno del objetivo como en una GPU, donde el paso lo "
         "limita la lectura de los pesos.",
@@ -505,14 +561,18 @@ def report(params: dict, acceptance: dict, costs: dict, timing: dict, engine: di
         "libro, con prompts cortos; otro texto da otro α.",
         "La predicción de la H100 usa el roofline de la hoja de datos sin sobrecarga y un α "
         "supuesto, no medido con esos modelos.",
-        timing_limitation(timing["repeats"]),
-        threads_limitation(timing["torch_threads"]),
+        timing_limitation(f.timing["repeats"]),
+        threads_limitation(f.timing["torch_threads"]),
     ]
+
+
+def report(f: Findings) -> dict:
+    """The contract's body from the lab's findings."""
     return {
-        "environment": {"model": params["model"], "draft": params["draft"]},
-        "results": results,
-        "evidence": evidence,
-        "limitations": limitations,
+        "environment": {"model": f.params["model"], "draft": f.params["draft"]},
+        "results": _results(f),
+        "evidence": _acceptance_evidence(f) + _speed_evidence(f),
+        "limitations": _limitations(f),
         "volatile_fields": ["results.step_costs", "results.timing", "results.predicted_speedup",
                             "results.best_k_measured", "results.engine"],
     }
@@ -540,7 +600,8 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         engine = measure_engine(target, draft, prompts, params)
         dist = measure_distribution(params, seed)
         h100 = h100_prediction(params, main_row(acceptance, params["h100_k"])["alpha"])
-    return report(params, acceptance, costs, timing, engine, dist, h100)
+    return report(Findings.from_measurements(params, acceptance, costs, timing, engine, dist,
+                                             h100))
 
 
 SPEC = LabSpec(
