@@ -28,9 +28,7 @@ Whether a rebuilt object delegates to the library's reference is :mod:`.delegati
 from __future__ import annotations
 
 import ast
-import functools
 import re
-import types
 from dataclasses import dataclass, field
 from typing import Any
 
