@@ -14,8 +14,10 @@ and the theme, through ``repository.branch``). A bad value stops ``make student`
 ``make release`` with a Spanish message naming the key, the value and what is accepted.
 
 As a Sphinx extension this module checks the two values when the build starts and writes the
-footer of every page: the version, the date of the build (``SOURCE_DATE_EPOCH`` when set, for
-reproducible builds) and the licences of code and prose.
+footer of every page (the theme's own author and copyright lines are turned off in
+``_config.yml``): the version, the date of the build (``SOURCE_DATE_EPOCH`` when set, for
+reproducible builds), the licences of code and prose, the repository, and how to cite the course
+(from ``CITATION.cff``) with its copyright line.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 import yaml
 
 CONFIG = "_config.yml"
+CITATION = "CITATION.cff"
 # Colab opens notebooks straight from GitHub (colab.research.google.com/github/OWNER/REPO/...).
 _REPO_URL = re.compile(r"https://github\.com/([A-Za-z0-9](?:[A-Za-z0-9-]{0,38}))/([A-Za-z0-9._-]{1,100})")
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
@@ -114,8 +117,26 @@ def build_date() -> datetime.date:
     return now.date()
 
 
-def footer_html(course: Course, built: datetime.date) -> str:
-    """The line under every page: version, build date and licences, linking the repository."""
+@dataclass(frozen=True)
+class Citation:
+    """What the footer's "Cómo citar" line needs from ``CITATION.cff``."""
+    authors: str
+    title: str
+
+
+def read_citation(root: Path) -> Citation:
+    """The authors and title of the course, as ``CITATION.cff`` at ``root`` gives them."""
+    cff = yaml.safe_load((Path(root) / CITATION).read_text(encoding="utf-8"))
+    names = [a.get("name") or " ".join(filter(None, (a.get("given-names"), a.get("family-names"))))
+             for a in cff["authors"]]
+    return Citation(authors=", ".join(names), title=cff["title"])
+
+
+def footer_html(course: Course, built: datetime.date, citation: Citation | None = None,
+                copyright_line: str = "") -> str:
+    """The footer of every page: version, build date and licences, linking the repository;
+    with ``citation``, a second line saying how to cite this version of the course, and the
+    copyright."""
     url = html.escape(course.repository_url, quote=True)
     version = html.escape(course.version)
 
@@ -123,10 +144,18 @@ def footer_html(course: Course, built: datetime.date) -> str:
         name, file = LICENCES[kind]
         return (f'<a href="{url}/blob/{version}/{file}">{name}</a>')
 
-    return (f'<p class="course-edition">Versión <a href="{url}/tree/{version}">'
-            f'<code>{version}</code></a> del curso · libro construido el {built.isoformat()} · '
-            f'código bajo licencia {licence("code")}, texto e imágenes bajo licencia '
-            f'{licence("prose")}</p>')
+    edition = (f'<p class="course-edition">Versión <a href="{url}/tree/{version}">'
+               f'<code>{version}</code></a> del curso · libro construido el {built.isoformat()} · '
+               f'código bajo licencia {licence("code")}, texto e imágenes bajo licencia '
+               f'{licence("prose")} · repositorio: <a href="{url}">{html.escape(course.slug)}</a>'
+               f'</p>')
+    if citation is None:
+        return edition
+    cite = (f'<p class="course-citation">Cómo citar: {html.escape(citation.authors)}, '
+            f'<em>{html.escape(citation.title)}</em>, versión {version}, {built.year}, '
+            f'{url} (datos completos en <a href="{url}/blob/{version}/{CITATION}">{CITATION}</a>)'
+            + (f' · © {html.escape(copyright_line)}' if copyright_line else "") + '</p>')
+    return edition + cite
 
 
 def _config_inited(app, config) -> None:
@@ -137,7 +166,9 @@ def _config_inited(app, config) -> None:
     except CourseSettingError as err:
         raise ConfigError(str(err)) from None
     options = config.html_theme_options
-    options["extra_footer"] = footer_html(course, build_date())
+    holder = " ".join(str(part) for part in (config.copyright, config.author) if part)
+    options["extra_footer"] = footer_html(course, build_date(), read_citation(Path(app.srcdir)),
+                                          holder)
 
 
 def setup(app):

@@ -6,6 +6,7 @@ line (so the check below can fail), the student edition none, in any file of the
 from __future__ import annotations
 
 import html
+from html.parser import HTMLParser
 import re
 from pathlib import Path
 
@@ -60,3 +61,70 @@ def test_the_student_edition_has_no_solution_code_anywhere(lab_page_editions):
     raw = (site / PAGE).read_text(encoding="utf-8")
     assert "notebook_solution.ipynb" not in raw  # no Colab or GitHub link to the solved notebook
     assert "notebook_student.ipynb" in raw and "Colab (resuelto)" not in raw
+
+
+# --- every word of the theme in Spanish (issue 28 item 5) -----------------------------------------
+# English words that Sphinx, sphinx-book-theme, pydata-sphinx-theme and myst-nb put on a page built
+# with `language: es` (titles, aria-labels, tooltips, visible text): _ext/spanish_ui.py translates
+# them. "Descarga esta pagina" is the theme's Spanish catalog, without its accent.
+ENGLISH_UI = ("Link to this heading", "Link to this equation", "Link to this table",
+              "Link to this image", "Link to this code", "Link to this definition",
+              "Toggle primary sidebar", "Toggle secondary sidebar", "Toggle hidden content",
+              "Toggle navigation", "Launch on", "Launch interactive content",
+              "Descarga esta pagina", "Download this page", "Main", "Page", "Table of contents",
+              "Contents", "By", "Copyright", "© Copyright", "Navegación de palanca")
+UI_ATTRIBUTES = ("title", "aria-label", "data-bs-title", "alt", "placeholder", "data-tooltip")
+
+
+class _PageWords(HTMLParser):
+    """The words of a page outside its article (the theme's), and the UI attributes of the whole
+    page; comments, scripts and styles left out."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.words: list[str] = []
+        self._skip = 0
+        self._article = 0
+
+    def handle_starttag(self, tag, attrs):
+        self.words += [value.strip() for name, value in attrs if name in UI_ATTRIBUTES and value]
+        self._skip += tag in ("script", "style")
+        self._article += tag == "article"
+
+    def handle_endtag(self, tag):
+        self._skip -= tag in ("script", "style")
+        self._article -= tag == "article"
+
+    def handle_data(self, data):
+        if not self._skip and not self._article and data.strip():
+            self.words.append(" ".join(data.split()))
+
+
+def english_ui_words(page: Path) -> list[str]:
+    """The theme's English words found on ``page``: an attribute or text equal to one of
+    ``ENGLISH_UI`` or starting with it followed by a space or a dot."""
+    parser = _PageWords()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return sorted({w for w in parser.words for english in ENGLISH_UI
+                   if w == english or w.startswith((english + " ", english + "."))})
+
+
+def test_the_theme_speaks_spanish(lab_page_editions):
+    for edition, site in lab_page_editions.items():
+        pages = [site / PAGE, site / "search.html", site / "genindex.html"]
+        for page in pages:
+            assert page.is_file(), page
+            assert not english_ui_words(page), (edition, page.name, english_ui_words(page))
+        text = (site / PAGE).read_text(encoding="utf-8")
+        assert 'aria-label="Mostrar u ocultar la parte oculta de la celda"' in text  # a hide-input cell
+        assert "Abrir en Colab" in text and "Descargar esta página" in text
+
+
+def test_one_footer_with_licences_repository_and_how_to_cite(lab_page_editions):
+    text = (lab_page_editions["full"] / PAGE).read_text(encoding="utf-8")
+    footer = text.split('<footer class="bd-footer-content', 1)[1].split("</footer>", 1)[0]
+    assert footer.count("<p") == 2 and "component-author" not in footer, footer
+    assert ">MIT</a>" in footer and ">CC BY-SA 4.0</a>" in footer
+    assert '>ai-evolution/servir-un-llm</a>' in footer or "repositorio: <a" in footer
+    assert "Cómo citar: AI Evolution, <em>Servir un LLM:" in footer and "CITATION.cff</a>" in footer
+    assert "© 2026 AI Evolution" in footer

@@ -4,8 +4,11 @@ Every page of the table of contents is opened in Chromium (``tests/browser.py``)
 390 px (phone emulation), once MathJax has typeset it, and must have
 
 - no horizontal overflow: the page does not scroll sideways, nothing sticks out of the main
-  column or is cut by it (wide content scrolls inside its own box), and at the desktop width no
+  column or is cut by it (wide code scrolls inside its own box), and at the desktop width no
   code cell and no display equation needs a scrollbar at all;
+- nothing cut inside a box, at either width: no equation, table, figure or image is wider than
+  a box around it that hides or scrolls what does not fit (issue 28: at 390 px the long
+  equations scrolled inside their box, cut after a few symbols, and the first check passed);
 - no missing image (an ``<img>`` whose ``naturalWidth`` is 0);
 - no math left as raw TeX (``$…$``, ``\\(…\\)``, ``\\[…\\]``) and no MathJax error.
 
@@ -112,6 +115,23 @@ CHECK_PAGE = r"""
     }
   }
 
+  // At every width, an equation, a table or a figure must be seen whole: none may be wider than
+  // a box around it (itself included) that hides or scrolls what does not fit. Code may scroll.
+  const shown = ox => ox === "visible";
+  const seen = new Set();
+  for (const el of column.querySelectorAll(
+      'mjx-container[display="true"], div.math, table, figure, img, svg:not(mjx-container svg)')) {
+    if (el.closest("pre, mjx-assistive-mml") || el.getBoundingClientRect().width === 0) continue;
+    for (let box = el; box && box !== column; box = box.parentElement) {
+      if (shown(getComputedStyle(box).overflowX) || box.scrollWidth <= box.clientWidth + 1) continue;
+      if (seen.has(box)) break;
+      seen.add(box);
+      problems.push(`${describe(el)} does not fit: ${box.scrollWidth - box.clientWidth} px of ` +
+                    `${box.scrollWidth} px hidden in ${describe(box).split(" ")[0]}`);
+      break;
+    }
+  }
+
   for (const img of document.images)
     if (img.naturalWidth === 0) problems.push(`missing image: ${img.getAttribute("src")}`);
 
@@ -170,6 +190,7 @@ _BAD_PAGE = """<html><head><meta name="viewport" content="width=device-width"></
 <div id="recorte" style="overflow: hidden"><div style="width: 900px">cortado</div></div>
 <div style="overflow-x: auto"><div style="width: 900px">con su propia barra</div></div>
 <div class="highlight"><pre style="overflow-x: auto">x = "{long}"</pre></div>
+<div style="overflow-x: auto"><table id="tabla"><tr><td style="min-width: 900px">tabla ancha</td></tr></table></div>
 </article></body></html>"""
 
 
@@ -185,6 +206,7 @@ def test_the_checker_sees_each_kind_of_problem(tmp_path):
         assert "div#ancho «ancho» sticks out of the column" in text
         assert "«cortado» is cut by div#recorte" in text
         assert "con su propia barra" not in text
+        assert "table#tabla «tabla ancha» does not fit" in text
     assert any(p.startswith("code wider than the column") for p in desktop)
     assert not any(p.startswith("code wider than the column") for p in phone)
 

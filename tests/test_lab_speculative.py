@@ -185,8 +185,8 @@ def _counts_mismatch(d, t):
 
 
 @pytest.mark.parametrize("wrong,hint", [
-    (_next_one_further, "error de uno en el token siguiente"),
-    (_bonus_repeats_last, "error de uno en el bonus"),
+    (_next_one_further, "error por uno en el token siguiente"),
+    (_bonus_repeats_last, "error por uno en el bonus"),
     (_counts_mismatch, "cuenta como aceptada la primera propuesta que no coincide"),
 ])
 def test_greedy_mistakes_are_named_with_their_hint(wrong, hint):

@@ -26,6 +26,7 @@ BANNED = {
         "la clase 000 del curso (la fuente citada); «semilla» es solo la del generador aleatorio",
     r"\brecomputaci[oó]n\b": "recálculo",
     r"\brendimiento alcanzable\b|\brendimiento de cálculo\b": "ritmo de cálculo (FLOP/s)",
+    r"\berror de uno\b": "error por uno (*off-by-one*)",
 }
 # The glossary names the other translations once, and chapter 1 explains where the name comes from.
 GLOSSED_ONCE = {r"\btejados?\b": ROOT / "book" / "01-prefill-decode.md"}
@@ -64,8 +65,21 @@ def test_every_chapter_links_the_glossary_and_the_toc_lists_it():
     assert glossary.startswith("(glossary)=")
     for term in ("**Desalojo** (*eviction*)", "**Expulsión** (*preemption*)",
                  "**Rendimiento** (*throughput*)", "**Sobrecarga** (*overhead*)",
-                 "**Roofline**", "**Semilla** (*seed*)"):
+                 "**Roofline**", "**Semilla** (*seed*)",
+                 # chapters 2, 7, 8 and 9 (issue 28)
+                 "**MHA, GQA y MQA**", "**Cuantización** (*quantization*)", "**Escala** (*scale*)",
+                 "**Grupo** (*group*", "**Perplejidad** (*perplexity*)", "**Kernel**",
+                 "**Flash-decoding**", "**Modelo borrador y modelo objetivo**",
+                 "**Tasa de aceptación** (*acceptance rate*", "**Residuo**",
+                 "**Error por uno** (*off-by-one*)", "**Decodificación especulativa**"):
         assert term in glossary, term
+
+
+def test_every_chapter_has_one_measured_section_at_the_same_level():
+    for chapter in CHAPTERS:
+        headings = re.findall(r"^(#+) Lo que se mide\b.*$", chapter.read_text(encoding="utf-8"),
+                              flags=re.M)
+        assert headings == ["##"], (chapter.name, headings)
 
 
 def test_prose_uses_one_term_per_concept():

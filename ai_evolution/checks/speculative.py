@@ -70,11 +70,11 @@ def check_greedy_accept(fn: Callable, seed: int = 0, raise_on_fail: bool = True)
             hint = ("el número aceptado es la longitud del prefijo más largo en el que cada "
                     "propuesta coincide con el argmax del objetivo en su misma posición.")
         elif want_n < len(target) - 1 and nxt == target[min(want_n + 1, len(target) - 1)] != want_next:
-            hint = ("error de uno en el token siguiente: toma el del objetivo una posición más "
+            hint = ("error por uno en el token siguiente: toma el del objetivo una posición más "
                     "allá. La predicción del objetivo en la posición del primer desacuerdo (la que "
                     "tiene como índice el número aceptado) es la corrección.")
         elif want_n == len(draft) and nxt == target[want_n - 1]:
-            hint = ("error de uno en el bonus: con las k propuestas aceptadas, el token siguiente "
+            hint = ("error por uno en el bonus: con las k propuestas aceptadas, el token siguiente "
                     "es la última predicción del objetivo (la que sigue a la última propuesta, "
                     "índice k), no la que confirmó la última propuesta.")
         else:
