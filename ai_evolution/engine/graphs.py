@@ -96,7 +96,7 @@ class DecodeGraphs:
     def covers(self, out) -> bool:
         """Whether the step is a pure decode step these buffers can take."""
         return (self.disabled is None and 0 < len(out.scheduled) <= self.sizes[-1]
-                and all(s.num_tokens == 1 and not s.draft_tokens for s in out.scheduled))
+                and all(s.num_tokens == 1 and not s.draft_token_ids for s in out.scheduled))
 
     def hidden_states(self, out) -> Tensor:
         """Final hidden states ``[n, hidden]`` of the step's ``n`` decode tokens, in order."""

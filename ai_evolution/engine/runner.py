@@ -33,7 +33,7 @@ from ..model.decoder import Transformer
 from ..model.kv_quant import check_kv_dtype
 from ..model.sampling import pick_tokens
 from .graphs import GRAPH_BACKENDS, DecodeGraphs
-from .scheduler import SchedulerOutput
+from .step import ScheduledRequest, SchedulerOutput, StepResult
 
 
 class BlockKVCache:
@@ -77,8 +77,9 @@ class ModelRunner:
         self.model = model.eval()
         self.device, self.dtype = param.device, param.dtype
         if block_size > model.config.max_position_embeddings:
-            raise ValueError(f"max_model_len={block_size} exceeds the model's "
-                             f"max_position_embeddings={model.config.max_position_embeddings}")
+            raise ValueError(f"block_size={block_size} supera las "
+                             f"{model.config.max_position_embeddings} posiciones del modelo "
+                             "(max_position_embeddings)")
         if decode_graphs == "auto":
             decode_graphs = "cuda" if self.device.type == "cuda" else None
         if decode_graphs not in (None, *GRAPH_BACKENDS):
@@ -90,6 +91,7 @@ class ModelRunner:
                                   dtype=self.dtype, device=self.device, kv_dtype=kv_dtype)
         self.graphs = None if decode_graphs is None else DecodeGraphs(
             model, self.cache, max_num_seqs, max_model_len or block_size, backend=decode_graphs)
+        self.generators: dict[str, torch.Generator] = {}  # request id -> its sampling generator
         self._t0 = time.perf_counter()
 
     @classmethod
@@ -100,7 +102,25 @@ class ModelRunner:
         pure decode steps on a GPU, none on the CPU), ``"cuda"``, ``"eager"`` (the graphs' static
         padded step without capture: how the CPU checks it) or None (eager steps only)."""
         return cls(model, kv.num_blocks, kv.block_size, kv_dtype, decode_graphs, max_num_seqs,
-                   max_model_len)
+                   max_model_len or getattr(kv, "max_model_len", None))
+
+    def check_kv(self, kv, max_model_len: int) -> None:
+        """Refuse (Spanish ``ValueError``) a scheduler whose KV manager places tokens in a
+        cache other than this runner's: another number of blocks or block size (another layout),
+        or requests longer than the model's positions or the decode graphs' block tables."""
+        num_blocks = self.cache.num_blocks - (self.graphs is not None)  # (the scratch block)
+        if (kv.num_blocks, kv.block_size) != (num_blocks, self.block_size):
+            raise ValueError(f"el ejecutor tiene una caché de {num_blocks} bloques de "
+                             f"{self.block_size} tokens y el gestor de KV del planificador reparte "
+                             f"{kv.num_blocks} bloques de {kv.block_size}: deben coincidir (cree el "
+                             "ejecutor con ModelRunner.for_kv(modelo, kv), o use build_engine)")
+        limit = self.model.config.max_position_embeddings
+        if self.graphs is not None:
+            limit = min(limit, self.graphs.max_blocks * self.block_size)
+        if max_model_len > limit:
+            raise ValueError(f"el planificador admite peticiones de hasta {max_model_len} tokens "
+                             f"(max_model_len) y el ejecutor solo puede con {limit}: cree el "
+                             "ejecutor con el mismo max_model_len")
 
     # --- clock (the engine reads every timestamp from its executor) ------------------------------
     def now(self) -> float:
@@ -114,46 +134,45 @@ class ModelRunner:
 
     # --- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[str, int | Exception]:
-        """Run the step's tokens; return the sampled token of every request that completed its
-        pending tokens (all of them, until chapter 5 splits prompts into chunks), or the
-        exception its sampling raised. A request that verifies k draft tokens (greedy) gets the
-        target's argmax at each of its last k + 1 positions, a list."""
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        """Run the step's tokens. The result holds the sampled token of every request whose
+        pending tokens the step completed (all of them, until chapter 5 splits prompts into
+        chunks), or the exception its sampling raised; a request that verifies k draft tokens
+        (greedy) gets the target's argmax at each of its last k + 1 positions."""
+        for request_id in out.finished_req_ids:
+            self.generators.pop(request_id, None)
         if self.graphs is not None and self.graphs.covers(out):
             hidden = self.graphs.hidden_states(out)[None]                  # [1, n, hidden]
             last = list(range(len(out.scheduled)))
         else:
             hidden, last = self._eager_hidden_states(out)
-        samples = [s for s in out.scheduled if s.samples]
+        samples = [(s, i) for s, i in zip(out.scheduled, last) if s.samples]
         if not samples:
             synchronize(self.device)
-            return {}
-        rows = []  # each sampling request's last 1 + k positions in the flat row
-        for s, i in zip(out.scheduled, last):
-            if s.samples:
-                rows += range(i - len(s.draft_tokens), i + 1)
-        logits = self.model.logits(hidden[0, rows]).float()               # [n, V]
+            return StepResult()
+        # each sampling request's last 1 + k positions among the step's tokens
+        positions = [p for s, i in samples for p in range(i - len(s.draft_token_ids), i + 1)]
+        logits = self.model.logits(hidden[0, positions]).float()          # [n, V]
         best = logits.argmax(dim=-1).tolist()
-        out_tokens: dict[str, int | list[int] | Exception] = {}
-        ends = []  # index in ``rows`` of each sampling request's last position
-        for s in samples:
-            start = ends[-1] + 1 if ends else 0
-            ends.append(start + len(s.draft_tokens))
-            out_tokens[s.request_id] = best[start:ends[-1] + 1] if s.draft_tokens else best[ends[-1]]
-        logits = logits[ends]                                              # [n_samples, V]
-        for j, s in enumerate(samples):
-            p = s.request.sampling_params
-            if not p.greedy:
-                try:  # one request's sampling can fail without failing the others'
-                    out_tokens[s.request_id] = int(pick_tokens(
-                        logits[j:j + 1], p.temperature, p.top_k, p.top_p,
-                        self._generator(s.request))[0])
-                except Exception as err:  # noqa: BLE001 - reported as that request's error
-                    out_tokens[s.request_id] = err
-        return out_tokens
+        sampled: dict[str, tuple[int, ...]] = {}
+        errors: dict[str, BaseException] = {}
+        end = 0
+        for s, _ in samples:
+            begin, end = end, end + 1 + len(s.draft_token_ids)
+            p = s.sampling_params
+            if p.greedy:
+                sampled[s.request_id] = tuple(best[begin:end])
+                continue
+            try:  # one request's sampling can fail without failing the others'
+                sampled[s.request_id] = (int(pick_tokens(logits[end - 1:end], p.temperature, p.top_k,
+                                                         p.top_p, self._generator(s))[0]),)
+            except Exception as err:  # noqa: BLE001 - reported as that request's error
+                errors[s.request_id] = err
+        return StepResult(sampled, errors)
 
     def _eager_hidden_states(self, out: SchedulerOutput) -> tuple[Tensor, list[int]]:
-        """Hidden states ``[1, N, hidden]`` of the step's flat row, and each request's last index."""
+        """Hidden states ``[1, N, hidden]`` of the step's ``N`` tokens (every request's, one
+        after the other), and the index of each request's last token among them."""
         ids, pos, blocks, offsets, last = [], [], [], [], []
         bs = self.block_size
         for s in out.scheduled:
@@ -170,15 +189,17 @@ class ModelRunner:
                                    torch.tensor(offsets, device=dev), bs)
         return self.model.hidden_states(ids_t, pos_t, kv_cache=self.cache, attn_fn=attn), last
 
-    def _generator(self, request) -> torch.Generator:
-        if request.generator is None:
-            g = torch.Generator(device=self.device)
-            if request.sampling_params.seed is None:
+    def _generator(self, s: ScheduledRequest) -> torch.Generator:
+        """The request's sampling generator, created (and seeded) at its first sample and kept
+        until it finishes (``SchedulerOutput.finished_req_ids``)."""
+        g = self.generators.get(s.request_id)
+        if g is None:
+            g = self.generators[s.request_id] = torch.Generator(device=self.device)
+            if s.sampling_params.seed is None:
                 g.seed()
             else:
-                g.manual_seed(request.sampling_params.seed)
-            request.generator = g
-        return request.generator
+                g.manual_seed(s.sampling_params.seed)
+        return g
 
 
 class _SelectiveAttention:
