@@ -111,7 +111,7 @@ class ContiguousKVManager:
 
     def __init__(self, num_rows: int, max_model_len: int) -> None:
         if num_rows < 1 or max_model_len < 2:
-            raise ValueError(f"need num_rows >= 1 and max_model_len >= 2, got {num_rows}, {max_model_len}")
+            raise ValueError(f"num_rows debe ser >= 1 y max_model_len >= 2; se recibió {num_rows}, {max_model_len}")
         self.num_rows = num_rows
         self.max_model_len = max_model_len
         self._free = list(range(num_rows))  # kept sorted: the lowest free row is taken first
@@ -194,8 +194,8 @@ class KVCacheManager:
                  prefix_fn=find_cached_prefix) -> None:
         self.pool = pool if pool is not None else BlockPool(num_blocks, block_size)
         if (self.pool.num_blocks, self.pool.block_size) != (num_blocks, block_size):
-            raise ValueError(f"the pool has {self.pool.num_blocks} blocks of {self.pool.block_size} "
-                             f"tokens; expected {num_blocks} of {block_size}")
+            raise ValueError(f"el pool tiene {self.pool.num_blocks} bloques de {self.pool.block_size} "
+                             f"tokens y el gestor espera {num_blocks} de {block_size}: deben coincidir")
         self.prefix_fn = prefix_fn
         self.block_size = block_size
         self.max_model_len = max_model_len

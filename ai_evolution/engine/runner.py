@@ -1,6 +1,6 @@
 """The model runner: executes one ``SchedulerOutput`` on the real model.
 
-Every scheduled request contributes its new tokens to a single flat row of ``N`` tokens, so the
+Every scheduled request contributes its new tokens to a single flat batch of ``N`` tokens, so the
 linear layers (QKV, MLP, lm_head) run once over all of them: that is where batching pays, because
 the weights are read once per step for everybody. Attention cannot be shared that way (each
 request has its own past), so it is split per request, which is Orca's *selective batching*:
@@ -86,7 +86,7 @@ class ModelRunner:
             raise ValueError(f"decode_graphs={decode_graphs!r} no es válido; aceptados: 'auto', "
                              f"{', '.join(repr(b) for b in GRAPH_BACKENDS)} o None")
         self.block_size = block_size
-        # With decode graphs, one block more: the scratch block the padding rows write into.
+        # With decode graphs, one block more: the scratch block the padding entries write into.
         self.cache = BlockKVCache(model.config, num_blocks + (decode_graphs is not None), block_size,
                                   dtype=self.dtype, device=self.device, kv_dtype=kv_dtype)
         self.graphs = None if decode_graphs is None else DecodeGraphs(
@@ -203,7 +203,7 @@ class ModelRunner:
 
 
 class _SelectiveAttention:
-    """``attn_fn`` for the flat row: gathers and masks built once per step, reused by every layer."""
+    """``attn_fn`` for the flat batch: gathers and masks built once per step, reused by every layer."""
 
     def __init__(self, out: SchedulerOutput, block_of_token: Tensor, offset_of_token: Tensor,
                  block_size: int) -> None:
@@ -239,12 +239,12 @@ class _SelectiveAttention:
                 # and those blocks are close together: read their range through a view; blocks
                 # in the range that are not decoding get a dummy query that sees key 0 only,
                 # dropped afterwards.
-                rows = first - lo
+                entries = first - lo  # each decode's entry in the block range
                 mask = torch.zeros(hi - lo + 1, 1, 1, length, dtype=torch.bool, device=dev)
                 mask[..., 0] = True
-                mask[rows, 0, 0] = torch.arange(length, device=dev)[None] <= pos[:, None]
-                self.decode = (idx, rows, slice(lo, hi + 1), length, mask)
-                # Every token of the step is a decode token and the rows are the range itself,
+                mask[entries, 0, 0] = torch.arange(length, device=dev)[None] <= pos[:, None]
+                self.decode = (idx, entries, slice(lo, hi + 1), length, mask)
+                # Every token of the step is a decode token and the entries are the range itself,
                 # in order (always at batch 1): queries and outputs are views, nothing to scatter.
                 self.dense = not self.prefills and firsts == list(range(lo, hi + 1))
             else:
@@ -261,7 +261,7 @@ class _SelectiveAttention:
         # q [1, H, N, D]; k_new, v_new [1, Hkv, N, D]; caches [num_blocks, Hkv, block_size, D]
         write_slots(k_cache, v_cache, self.block_of_token, self.offset_of_token, k_new, v_new)
         if self.decode is not None:
-            idx, rows, where, length, mask = self.decode
+            idx, entries, where, length, mask = self.decode
             if isinstance(where, slice):   # one block each: a view of the block range
                 kd, vd = k_cache[where, :, :length], v_cache[where, :, :length]
             else:                          # paged: gather each request's blocks
@@ -271,9 +271,9 @@ class _SelectiveAttention:
         out = torch.empty_like(q)
         if self.decode is not None:
             qd = q.new_zeros(kd.shape[0], q.shape[1], 1, q.shape[3])
-            qd[rows] = q[0, :, idx].transpose(0, 1)[:, :, None]
+            qd[entries] = q[0, :, idx].transpose(0, 1)[:, :, None]
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=True)
-            out[0, :, idx] = od[rows][:, :, 0].transpose(0, 1)
+            out[0, :, idx] = od[entries][:, :, 0].transpose(0, 1)
         for a, b, blocks, p0 in self.prefills:
             length = p0 + b - a
             if isinstance(blocks, int):  # one block: a view
@@ -291,7 +291,7 @@ class _SelectiveAttention:
 
 
 def _offsets(out: SchedulerOutput) -> list[int]:
-    """Index of each scheduled request's first token in the flat row."""
+    """Index of each scheduled request's first token in the flat batch."""
     offs, n = [], 0
     for s in out.scheduled:
         offs.append(n)

@@ -1,9 +1,11 @@
 """The scheduler decides *what* runs at each step; an executor runs it.
 
 At every step the scheduler asks its **policy** which requests leave the batch and which join
-it, applies that plan to the KV cache (freeing and reserving rows), and hands the executor a
-``SchedulerOutput``: which requests run and how many tokens each. The same object drives the
-real model (``engine.runner.ModelRunner``) and the simulator (``sim.executor.SimExecutor``).
+it, applies that plan to the KV cache (freeing and reserving blocks), and hands the executor a
+``SchedulerOutput``: a frozen snapshot of which requests run, with their tokens, positions and
+blocks (``engine/step.py``). The same object drives the real model (``engine.runner.ModelRunner``)
+and the simulator (``sim.executor.SimExecutor``); their ``StepResult`` comes back to
+``update_from_output``, and only the scheduler writes the requests' state.
 
 Policies are plain functions ``policy(running, waiting, max_num_seqs) -> BatchPlan``:
 
@@ -25,8 +27,8 @@ comes with the chunk that completes the prompt.
 
 Retirement: a request leaves the batch (and frees its KV) when the policy retires it, which
 for static batching is only when its whole batch has finished. ``retire_finished()`` is the end
-of the work: every finished request leaves, whatever the policy (``LLMEngine.run`` and
-``LLM.generate`` call it when nothing is left to run).
+of the work: every finished request leaves, whatever the policy (the engine calls it when nothing
+is left to run).
 
 Memory: the plan's admissions are applied in order while the KV cache can hold them (the rest
 keep waiting, first come first served). With paged KV a running request may find no block for
