@@ -231,7 +231,12 @@ class KVCacheManager:
         if not self.prefix_caching or request.request_id in self.tables:
             return [], 0
         hits = list(self.prefix_fn(request.all_token_ids, self.block_size, self.pool))
-        return hits, len(hits) * self.block_size
+        return hits, self.tokens_in(hits)
+
+    def tokens_in(self, computed_blocks: Sequence[KVBlock]) -> int:
+        """The prompt tokens that cached blocks hold: the one place that count is decided
+        (``get_computed_blocks`` reports it, ``allocate_slots`` starts after it)."""
+        return len(computed_blocks) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        computed_blocks: Sequence[KVBlock] = ()) -> list[int] | None:
@@ -241,7 +246,7 @@ class KVCacheManager:
         rid = request.request_id
         table = self.tables.get(rid, [])
         hits = list(computed_blocks) if not table else []
-        computed = request.num_computed_tokens if table else len(hits) * self.block_size
+        computed = request.num_computed_tokens if table else self.tokens_in(hits)
         need = -(-(computed + num_new_tokens) // self.block_size) - len(table) - len(hits)
         # a hit on a free block takes it from the free queue: count it against what is free
         free_hits = sum(1 for b in hits if b.ref_cnt == 0)
@@ -250,7 +255,7 @@ class KVCacheManager:
         self.pool.touch(hits)
         new = self.pool.allocate(max(0, need)) or []
         if table == [] and hits:
-            self.hit_tokens += len(hits) * self.block_size
+            self.hit_tokens += self.tokens_in(hits)
         if not table:
             self.queried_tokens += request.num_prompt_tokens
         self.tables[rid] = table + hits + new
