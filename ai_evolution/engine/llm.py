@@ -62,45 +62,52 @@ class LLM:
         A prompt or parameter set that is invalid gets an output with ``error`` set and
         ``finish_reason == "rejected"``; the others are served normally.
         """
-        if prompts is None or isinstance(prompts, (bytes, dict)) or not hasattr(prompts, "__len__"):
-            raise TypeError("prompts debe ser un texto, una lista de ids de token o una lista de "
-                            f"ellos; se recibió {type(prompts).__name__}")
-        # (a list may hold a bad entry: that prompt alone is rejected below)
-        if not (sampling_params is None or isinstance(sampling_params, (SamplingParams, list, tuple))):
-            raise TypeError("sampling_params debe ser un SamplingParams o una lista con uno por "
-                            f"prompt; se recibió {type(sampling_params).__name__} (para un dict, "
-                            "use SamplingParams(**d))")
-        if isinstance(prompts, torch.Tensor):  # one prompt [T], or a batch [B, T]
-            prompts = [prompts] if prompts.dim() <= 1 else list(prompts)
-        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], numbers.Integral)):
-            prompts = [prompts]  # one prompt of token ids
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"hay {len(prompts)} prompts y {len(sampling_params)} SamplingParams; "
-                             "da uno para todos, o uno por prompt")
         entries: list[Request | RequestOutput] = []
-        for prompt, params in zip(prompts, sampling_params):
+        for prompt, params in zip(*_prompts_and_params(prompts, sampling_params)):
             try:
                 entries.append(self.engine.add_request(self._encode(prompt), params))
             except RequestRejected as e:
-                try:
-                    ids = [] if isinstance(prompt, str) else list(
-                        prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)
-                except TypeError:  # not a sequence at all (None, a number): nothing to echo
-                    ids = []
-                entries.append(RequestOutput(f"rejected-{len(entries)}", ids, [], True,
+                entries.append(RequestOutput(f"rejected-{len(entries)}", _echo(prompt), [], True,
                                              FinishReason.REJECTED, error=str(e)))
         while self.engine.has_unfinished_requests():
             self.engine.step()
-        outputs = []
-        for s in entries:
-            if isinstance(s, RequestOutput):
-                outputs.append(s)
-                continue
-            text = self.tokenizer.decode(s.output_token_ids) if self.tokenizer is not None else None
-            outputs.append(RequestOutput.of(s, text))
-        return outputs
+        return [e if isinstance(e, RequestOutput) else RequestOutput.of(e, self._decode(e))
+                for e in entries]
+
+    def _decode(self, request: Request) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode(request.output_token_ids)
+
+
+def _prompts_and_params(prompts, sampling_params) -> tuple[list, list[SamplingParams]]:
+    """``generate``'s arguments as one list of prompts and one ``SamplingParams`` per prompt
+    (a ``TypeError``/``ValueError`` in Spanish if they cannot be; a list may still hold a bad
+    prompt: that prompt alone is rejected later)."""
+    if prompts is None or isinstance(prompts, (bytes, dict)) or not hasattr(prompts, "__len__"):
+        raise TypeError("prompts debe ser un texto, una lista de ids de token o una lista de "
+                        f"ellos; se recibió {type(prompts).__name__}")
+    if not (sampling_params is None or isinstance(sampling_params, (SamplingParams, list, tuple))):
+        raise TypeError("sampling_params debe ser un SamplingParams o una lista con uno por "
+                        f"prompt; se recibió {type(sampling_params).__name__} (para un dict, "
+                        "use SamplingParams(**d))")
+    if isinstance(prompts, torch.Tensor):  # one prompt [T], or a batch [B, T]
+        prompts = [prompts] if prompts.dim() <= 1 else list(prompts)
+    if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], numbers.Integral)):
+        prompts = [prompts]  # one prompt of token ids
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+    if len(sampling_params) != len(prompts):
+        raise ValueError(f"hay {len(prompts)} prompts y {len(sampling_params)} SamplingParams; "
+                         "da uno para todos, o uno por prompt")
+    return list(prompts), list(sampling_params)
+
+
+def _echo(prompt) -> list[int]:
+    """The token ids of a rejected prompt, to echo back (none for text or a non-sequence)."""
+    try:
+        return [] if isinstance(prompt, str) else list(
+            prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)
+    except TypeError:  # not a sequence at all (None, a number): nothing to echo
+        return []
 
 
 __all__ = ["Executor", "KV_LAYOUTS", "LLM", "LLMEngine", "StepEntry", "StepRecord", "build_engine"]
