@@ -28,7 +28,9 @@ from .step import SchedulerOutput, StepResult
 
 class Executor(Protocol):
     """What the engine needs from whoever runs a step: the real model (``ModelRunner``) or the
-    simulator (``SimExecutor``). Its partner on the scheduler's side is ``KVManager``."""
+    simulator (``SimExecutor``). Its partner on the scheduler's side is ``KVManager``. An
+    executor that holds the KV tensors also has ``check_kv(kv, max_model_len)``, which refuses a
+    KV manager that places tokens outside them (the engine calls it when it is built)."""
 
     def now(self) -> float:
         """The clock every timestamp is read from (seconds)."""
@@ -207,8 +209,7 @@ class LLMEngine:
         return self.requests.pop(request_id)
 
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, execute, record. Returns the requests that got a token (or
-        an error). When nothing is left to run, the finished requests leave the batch."""
+        """Schedule, execute, record; the outputs of the requests that got a token or an error."""
         out = self.scheduler.schedule()
         if out.is_empty:
             return self._nothing_to_run()
