@@ -144,7 +144,8 @@ class RooflineCostModel:
     def __post_init__(self) -> None:
         if (self.bandwidth_bytes_per_s <= 0 or self.peak_flops <= 0 or self.overhead_s < 0
                 or self.overhead_per_seq_s < 0):
-            raise ValueError(f"el ancho de banda y el pico deben ser > 0 y los overheads >= 0; se recibió "
+            raise ValueError(f"el ancho de banda y el pico deben ser > 0 y las sobrecargas "
+                             f"(overhead_s, overhead_per_seq_s) >= 0; se recibió "
                              f"{self.bandwidth_bytes_per_s}, {self.peak_flops}, {self.overhead_s}, "
                              f"{self.overhead_per_seq_s}")
 
