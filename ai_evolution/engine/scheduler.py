@@ -270,8 +270,8 @@ class Scheduler:
             if r in self.running:
                 work[r.request_id] = (n, drafts)
                 budget -= n + len(drafts)
-        admitted = [] if preempted else self._admit(plan.admit, budget, work)  # a step that
-        # had to preempt admits nobody
+        # a step that had to preempt admits nobody
+        admitted = [] if preempted else self._admit(plan.admit, budget, work)
         scheduled = tuple(self._snapshot(r, *work[r.request_id])
                           for r in self.running if r.request_id in work)
         out = SchedulerOutput(self._step, scheduled, tuple(r.request_id for r in admitted),
