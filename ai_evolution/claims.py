@@ -59,9 +59,9 @@ class Estimate:
 def _samples(values: Sequence[float], name: str) -> np.ndarray:
     arr = np.asarray(list(values), dtype=np.float64).ravel()
     if arr.size == 0:
-        raise ValueError(f"{name}: no samples")
+        raise ValueError(f"{name}: no hay muestras; se necesita al menos una")
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name}: every sample must be finite, got {arr.tolist()}")
+        raise ValueError(f"{name}: cada muestra debe ser un número finito; se recibió {arr.tolist()}")
     return arr
 
 
@@ -87,11 +87,12 @@ def ratio_estimate(a: Sequence[float], b: Sequence[float], paired: bool = True,
     (interleaved), so pairs are resampled together and drift that hits both cancels."""
     xa, xb = _samples(a, "a"), _samples(b, "b")
     if np.any(xb <= 0) or np.any(xa < 0):
-        raise ValueError("ratio_estimate needs a >= 0 and b > 0")
+        raise ValueError("ratio_estimate necesita muestras a >= 0 y b > 0 (b es el denominador)")
     if paired and xa.size != xb.size:
-        raise ValueError(f"paired samples need equal lengths, got {xa.size} and {xb.size}")
+        raise ValueError(f"las muestras emparejadas deben tener la misma longitud; se recibieron "
+                         f"{xa.size} y {xb.size}")
     if not 0 <= q <= 100:
-        raise ValueError(f"q must be a percentile in [0, 100], got {q}")
+        raise ValueError(f"q debe ser un percentil en [0, 100]; se recibió {q}")
 
     def stat(x: np.ndarray, axis=None):
         return np.percentile(x, q, axis=axis)
@@ -144,9 +145,10 @@ def fit_growth(n: Sequence[float], t: Sequence[float]) -> dict[str, float]:
     n = np.asarray(n, dtype=np.float64)
     t = np.asarray(t, dtype=np.float64)
     if n.shape != t.shape or n.ndim != 1 or len(n) < 3:
-        raise ValueError(f"n and t must be 1-D of the same length >= 3, got {n.shape} and {t.shape}")
+        raise ValueError(f"n y t deben ser vectores de la misma longitud, al menos 3; se recibieron "
+                         f"formas {n.shape} y {t.shape}")
     if not (np.all(np.isfinite(n)) and np.all(np.isfinite(t))) or np.any(n < 0):
-        raise ValueError("n must be finite and >= 0, t finite")
+        raise ValueError("n debe ser finito y >= 0, y t finito")
     c0, c1, c2 = nonneg_lstsq(np.stack([np.ones_like(n), n, n**2], axis=1), t)
     n_max = float(n.max())
     fitted = c0 + c1 * n_max + c2 * n_max**2
@@ -230,7 +232,7 @@ def threshold(value: float, limit: float, *, what: str, passed: str, failed: str
     """
     value, limit = float(value), float(limit)
     if not (math.isfinite(value) and math.isfinite(limit)):
-        raise ValueError(f"threshold needs finite numbers, got {value} and {limit}")
+        raise ValueError(f"threshold necesita números finitos; se recibieron {value} y {limit}")
     ok = value <= limit if below else value >= limit
     outcome = PASSED if ok else FAILED
     if interval is not None:
@@ -293,7 +295,8 @@ def rebuild(claim: dict) -> Claim:
     """The claim an evidence item's ``claim`` field describes, computed again from its inputs."""
     kind = claim.get("kind")
     if kind not in _BUILDERS:
-        raise ValueError(f"unknown claim kind {kind!r}; known: {', '.join(sorted(_BUILDERS))}")
+        raise ValueError(f"tipo de afirmación {kind!r} desconocido; aceptados: "
+                         f"{', '.join(sorted(_BUILDERS))}")
     return _BUILDERS[kind](claim["inputs"])
 
 

@@ -102,18 +102,38 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _execute(path: str, nb_json: str, timeout: int) -> tuple[str, str, float, float, str | None]:
-    """Worker: execute one notebook in its own folder; returns it as JSON, its wall time and
-    the CPU time of its kernel (a child of this process, reaped when the execution ends: its
-    CPU seconds do not grow when another kernel shares the cores, its wall time does)."""
+def _execute(path: str, nb_json: str, timeout: int) -> tuple[str, str, dict, str | None]:
+    """Worker: execute one notebook in its own folder; returns it as JSON, its times and its
+    error, if any. Times: wall seconds, the CPU time of its kernel (a child of this process,
+    reaped when the execution ends: its CPU seconds do not grow when another kernel shares the
+    cores, its wall time does), and its start and end on the system's monotonic clock (common to
+    the workers), from which the report tells which pages ran beside another."""
     import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
 
     nb = nbformat.reads(nb_json, as_version=4)
-    cpu = _children_cpu_s()
+    cpu, began = _children_cpu_s(), time.monotonic()
     result = single_nb_execution(nb, cwd=str(Path(path).parent), timeout=timeout,
                                  allow_errors=False, meta_override=True)
-    return path, nbformat.writes(result.nb), result.time, _children_cpu_s() - cpu, result.exc_string
+    times = {"seconds": result.time, "cpu_seconds": _children_cpu_s() - cpu,
+             "began": began, "ended": time.monotonic()}
+    return path, nbformat.writes(result.nb), times, result.exc_string
+
+
+def shared_seconds(pages: dict) -> dict[str, float]:
+    """For each page, the seconds of its execution during which another page was executing too
+    (the union of the overlaps with the others, from their ``began``/``ended`` times)."""
+    out = {}
+    for name, page in pages.items():
+        spans = sorted((max(page["began"], o["began"]), min(page["ended"], o["ended"]))
+                       for other, o in pages.items() if other != name)
+        covered, reach = 0.0, page["began"]
+        for lo, hi in spans:
+            lo = max(lo, reach)
+            if hi > lo:
+                covered, reach = covered + hi - lo, hi
+        out[name] = covered
+    return out
 
 
 def execute_book(out: Path, jobs: int = 2, root: Path = ROOT, timeout: int = 600,
@@ -147,10 +167,10 @@ def execute_book(out: Path, jobs: int = 2, root: Path = ROOT, timeout: int = 600
         futures = [pool.submit(_execute, str(path), nbformat.writes(nb), timeout)
                    for path, nb in todo]
         for future in as_completed(futures):
-            path, nb_json, seconds, cpu_s, error = future.result()
+            path, nb_json, times, error = future.result()
             rel = str(Path(path).relative_to(root))
-            pages[rel] = {"seconds": round(seconds, 2), "cpu_seconds": round(cpu_s, 2),
-                          "kind": kinds[rel]}
+            seconds, cpu_s = times["seconds"], times["cpu_seconds"]
+            pages[rel] = {**times, "kind": kinds[rel]}
             if error:
                 failed[rel] = error
                 log(f"FALLÓ {rel} ({seconds:.1f} s):\n{error[-3000:]}")
@@ -160,6 +180,12 @@ def execute_book(out: Path, jobs: int = 2, root: Path = ROOT, timeout: int = 600
                               data={"execution_seconds": seconds, "cpu_seconds": cpu_s}),
                 check_validity=False, overwrite=True)
             log(f"ejecutado {rel}: {seconds:.1f} s ({cpu_s:.1f} s de CPU)")
+    for rel, shared in shared_seconds(pages).items():
+        page = pages[rel]
+        page["shared_seconds"] = round(shared, 2)
+        for key in ("seconds", "cpu_seconds"):
+            page[key] = round(page[key], 2)
+        del page["began"], page["ended"]
     report = {"jobs": jobs, "wall_s": round(time.perf_counter() - start, 2), "pages": pages,
               "failed": sorted(failed), "cpu": cpu_model()}
     (build / TIMES_FILE).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n",

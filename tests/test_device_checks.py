@@ -24,14 +24,20 @@ def test_every_check_passes_on_the_cpu_and_prints_a_row(capsys, one_thread):
 
 
 def test_a_failing_check_is_reported_and_the_others_still_run(capsys, monkeypatch, one_thread):
+    """The runner's isolation: the other checks are stand-ins that answer at once (the real
+    ones run in the test above)."""
     def broken(device, quick):
         raise RuntimeError("sonda rota")
 
+    for name in ("check_exact", "check_kv_int8", "check_speculative", "check_quant", "check_flash",
+                 "check_graphs", "check_server", "check_bench_b1", "check_bench_throughput"):
+        monkeypatch.setattr(device_checks, name, lambda *args, name=name: f"{name} sustituido")
     monkeypatch.setattr(device_checks, "check_probes", broken)
     assert device_checks.main(["--device", "cpu", "--quick", "--no-hf"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "RuntimeError: sonda rota" in out
     assert "exact-float32             ok" in out and "12 of 13 checks passed" in out
+    assert out.count("sustituido") == 12  # every other check ran after the failing one
 
 
 def test_an_unknown_lab_kind_is_refused_with_the_accepted_ones(capsys):

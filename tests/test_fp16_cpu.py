@@ -49,6 +49,21 @@ def test_fp16_engine_gives_the_generators_greedy_tokens(half, name):
     assert llm.engine.executor.cache.k.dtype == torch.float16
 
 
+# The lab test modules keep each lab's small, fast parameters; reuse them so they stay in sync.
+FAST_FROM = {"kv_cache": "test_lab_kv_cache", "continuous_batching": "test_lab_continuous_batching",
+             "paged_attention": "test_lab_paged_attention", "scheduler": "test_lab_scheduler",
+             "observability": "test_lab_observability", "speculative": "test_lab_speculative"}
+
+
+def fast_params(kind: str) -> dict:
+    import importlib
+
+    try:
+        return dict(importlib.import_module(FAST_FROM[kind]).FAST)
+    except (ImportError, AttributeError, KeyError):
+        return {}
+
+
 ENGINE_LABS = ("kv_cache", "continuous_batching", "paged_attention", "scheduler", "observability",
                "speculative")
 
@@ -62,7 +77,6 @@ def test_engine_labs_run_in_fp16_and_their_claims_hold(kind, monkeypatch):
     from ai_evolution import claims
     from ai_evolution.labs import run_lab
     from ai_evolution.model.decoder import Transformer
-    from test_claims_under_load import _fast_params
 
     seen = set()
     forward = Transformer.hidden_states
@@ -72,7 +86,7 @@ def test_engine_labs_run_in_fp16_and_their_claims_hold(kind, monkeypatch):
         return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(Transformer, "hidden_states", spy)
-    contract = run_lab(kind, seed=0, profile="ci", model_dtype="fp16", **_fast_params(kind))
+    contract = run_lab(kind, seed=0, profile="ci", model_dtype="fp16", **fast_params(kind))
     assert seen == {torch.float16}
     assert contract["params"]["model_dtype"] == "fp16"
     assert claims.recheck_contract(contract) == []

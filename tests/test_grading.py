@@ -23,7 +23,7 @@ import pytest
 from ai_evolution.grading import (DEFAULTS, find_assessment, grade_folder, grade_namespace,
                                   student_ids)
 from ai_evolution.grading.assessment import available_kinds, resolve_reference
-from ai_evolution.grading.sandbox import RunInfo
+from ai_evolution.grading.notebook import RunInfo
 from ai_evolution.grading.score import score
 from ai_evolution.labs import get_spec, list_labs
 from ai_evolution.labs.contract import evidence
@@ -142,7 +142,7 @@ def good_measurement(kind: str) -> dict:
                 "time_ratio": 6.76 / 6.5, "time_ratio_low": 1.0, "time_ratio_high": 1.08}
     if kind == "continuous_batching":
         p = get_spec(kind).resolve_params("ci", {})
-        from ai_evolution.checks.continuous_batching import simulated_gains
+        from ai_evolution.reference.continuous_batching import simulated_gains
         gains = simulated_gains(
             p["dc_device"], p["dc_model"], p["dc_requests"], p["dc_prompt_len"],
             p["dc_mean_output"], p["dc_caps"][-1], max(p["dc_caps"]), 0)  # simulated once

@@ -27,7 +27,8 @@ import pytest
 
 from ai_evolution.grading import (find_assessment, grade_namespace, merge_outputs, parse_shard,
                                   shard_of, student_ids)
-from ai_evolution.grading.rebuild import delegation, extract, forbidden_for, parameter_rebinds
+from ai_evolution.grading.delegation import delegation, forbidden_for
+from ai_evolution.grading.rebuild import extract, parameter_rebinds
 from ai_evolution.grading.assessment import resolve_reference
 from ai_evolution.grading.sandbox import isolation
 from ai_evolution import __version__
@@ -89,7 +90,7 @@ WRONG_KV_BYTES = """def kv_bytes_per_token(config, dtype):
 
 PATCH_IN_KERNEL = """import ai_evolution.checks as _c
 import ai_evolution.checks.kv_cache as _kc
-import ai_evolution.grading.kernel as _k
+import ai_evolution.grading.namespace as _k
 from ai_evolution.checks import CheckResult
 _c.failed = lambda name, *a, **k: _c.passed(name, 1)
 _kc.failed = _c.failed

@@ -235,7 +235,7 @@ def test_pathological_files_and_a_grader_crash_cost_only_their_own_rows(tmp_path
     ran = []
 
     def fake_run(data, assessment, *args):  # no kernel here: the bad files never get this far
-        from ai_evolution.grading.sandbox import RunInfo
+        from ai_evolution.grading.notebook import RunInfo
 
         if b"y = 2" in data:
             raise RuntimeError("fallo del corrector")

@@ -96,7 +96,7 @@ def test_a_subclass_custom_object_or_callable_cannot_cross(value):
 @pytest.mark.parametrize("wire", [
     {"$obj": "os:system", "id": 1, "f": {}},                       # not an allowed type
     {"$obj": "builtins:eval", "id": 1, "f": {}},
-    {"$enum": "ai_evolution.grading.sandbox:RunInfo", "name": "x"},
+    {"$enum": "ai_evolution.grading.notebook:RunInfo", "name": "x"},
     {"$pickle": "gASV"},                                            # unknown tag
     {"$ref": 99},                                                   # unknown object
     {"$tensor": "float32", "shape": [1000], "b": ""},               # bytes do not match
@@ -239,3 +239,47 @@ def test_an_error_from_the_worker_keeps_its_builtin_type_and_nothing_else():
     own = student_error("MiError", "x", "y")  # a class the student wrote: only its name crosses
     assert type(own) is StudentError and own.type_name == "MiError"
     assert type(student_error("SystemExit", "", "")) is StudentError  # not an Exception
+
+
+def test_the_stripped_library_holds_no_reference_answer_of_any_lab(tmp_path):
+    """Every function and class of ``ai_evolution.reference`` is a stub in the worker's copy
+    (for any lab), the modules that import them still import, and calling one raises."""
+    import subprocess
+    import sys
+
+    root = stripped.build(find_assessment("paged_attention"), tmp_path) / "ai_evolution"
+    modules = stripped.reference_targets()
+    assert "reference_decode_roofline" in modules["ai_evolution.reference.roofline"]
+    assert "simulated_gains" in modules["ai_evolution.reference.continuous_batching"]
+    for path in sorted((root / "reference").glob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = node.body
+            elif isinstance(node, ast.ClassDef):
+                body = [n for n in node.body if isinstance(n, ast.FunctionDef)][0].body
+            else:
+                continue
+            assert len(body) == 1 and "NotImplementedError" in ast.unparse(body[0]), \
+                f"{path.name}: {node.name} still holds its answer"
+    probe = ("import ai_evolution.labs.roofline, ai_evolution.checks.roofline\n"
+             "from ai_evolution.reference.roofline import reference_predict_step\n"
+             "from ai_evolution.model import get_preset\n"
+             "try:\n    reference_predict_step(1e9, 1e9, 1e12, 1e15, 0.0)\n"
+             "except NotImplementedError as err:\n    print('stub:', err)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin"},
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("stub: `reference_predict_step` no está disponible"), done.stdout
+    # The lab's own graded references, outside the package, are stubs too; the rest is intact.
+    pool = (root / "engine" / "block_pool.py").read_text(encoding="utf-8")
+    assert "def touch" in pool and pool.count("no está disponible en el corrector") == 2
+
+
+def test_a_submission_may_not_import_the_reference_answers():
+    from ai_evolution.grading.rebuild import screen
+
+    for line in ("from ai_evolution.reference.roofline import reference_decode_roofline",
+                 "import ai_evolution.reference", "from ai_evolution import reference"):
+        problems = screen(ast.parse(line).body[0], set())
+        assert problems and "parte del corrector" in problems[0], line

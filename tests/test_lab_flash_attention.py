@@ -20,7 +20,7 @@ from ai_evolution.sim.attention_io import best_tiles, flash_io, naive_io, workin
 
 PARAMS = get_spec("flash_attention").resolve_params("ci", {})
 # A real, small ``ci`` run (seconds): three sizes for the growth fits, two interleaved rounds
-# (test_claims_under_load reuses these).
+# (test_fp16_cpu reuses those of the engine labs).
 FAST = dict(sizes=[64, 128, 256], repeats=2, exactness_n=48, exactness_tokens=4, prompts=2,
             io_sizes=[256, 1024, 4096], io_sweep_n=1024)
 

@@ -15,7 +15,7 @@ from ai_evolution.timing import fit_growth
 PARAMS = get_spec("kv_cache").resolve_params("ci", {})
 N_NEW = 160
 # A real, small ``ci`` run (a few seconds): two interleaved rounds so the comparison has an
-# interval (test_claims_under_load reuses these).
+# interval (test_fp16_cpu reuses those of the engine labs).
 FAST = dict(max_new_tokens=24, repeats=2, exactness_tokens=6, batch_size=2)
 
 

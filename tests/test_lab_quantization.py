@@ -29,7 +29,7 @@ from ai_evolution.sim import decode_step_cost
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = get_spec("quantization").resolve_params("ci", {})
 # A real, small run (seconds): tiny-es for speed too, two rounds so comparisons have an interval
-# (test_claims_under_load reuses these).
+# (test_fp16_cpu reuses those of the engine labs).
 FAST = dict(speed_model="tiny-es", group_size=64, decode_tokens=4, repeats=2, probe_mib=64,
             quality_formats=["int8", "int4-g64"], agreement_prompts=2, agreement_tokens=4)
 

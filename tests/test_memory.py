@@ -60,7 +60,7 @@ def test_dtype_bytes_accepts_names_and_torch_dtypes():
 
 
 def test_budget_rejects_weights_that_do_not_fit():
-    with pytest.raises(ValueError, match="do not fit"):
+    with pytest.raises(ValueError, match="no caben"):
         memory_budget(get_preset("llama-3.1-70b"), 24e9, max_len=4096, utilization=0.9)
 
 

@@ -6,7 +6,6 @@ Numbers are written with a decimal comma (``ai_evolution.fmt``)."""
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Callable
 
@@ -145,8 +144,12 @@ def _metric_cases(seed: int) -> list[list[Request]]:
 def check_summarize(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(requests) -> dict`` with ``throughput_tok_s``, ``ttft_p50_s``, ``e2e_p50_s`` and
     ``e2e_p99_s`` equal to ``ai_evolution.metrics.summarize`` (relative 1e-9)."""
-    name = "métricas de servicio"
-    cases = _metric_cases(seed)
+    return summarize_result("métricas de servicio", fn, _metric_cases(seed))
+
+
+def summarize_result(name: str, fn: Callable, cases: list[list[Request]]) -> CheckResult:
+    """``fn(requests)`` against ``metrics.summarize`` on each list of finished requests of
+    ``cases``, stopping at the first difference (the public check's cases, or the autograder's)."""
     for i, reqs in enumerate(cases):
         expected = summarize(reqs)
         got, crash = call_student(name, fn, reqs)
@@ -195,32 +198,3 @@ def _metric_hint(key: str, got, reqs: list[Request]) -> str:
         return "El TTFT de cada petición va de su llegada a su primer token."
     return ("La latencia de extremo a extremo de cada petición va de su llegada a su final; "
             "resúmala con el percentil pedido, interpolado.")
-
-
-# --- the challenge -------------------------------------------------------------------------------
-
-CHALLENGE_WIDTHS = (8, 32, 128)
-
-
-@functools.lru_cache(maxsize=8)
-def simulated_gains(dc_device: str, dc_model: str, dc_requests: int, dc_prompt_len: int,
-                    dc_mean_output: float, cap: int, max_cap: int, seed: int) -> dict[int, float]:
-    """The challenge's gains (continuous / static tokens per second) per width, simulated with
-    the library's policies and metrics in the datacenter study of section 6: the same GPU,
-    model, workload and seed. Cached: a grader checks many submissions in one process."""
-    from ..hardware import get_device_spec
-    from ..labs.continuous_batching import simulate, workload
-    from ..model import get_preset
-    from ..sim import RooflineCostModel
-
-    gpu, big = get_device_spec(dc_device), get_preset(dc_model)
-    dtype = "bf16" if "bf16" in gpu.peak_flops else "fp16"
-    cost = RooflineCostModel.from_device_spec(gpu, dtype)
-    items = workload(dc_requests, dc_prompt_len, dc_mean_output, cap, big.vocab_size, seed)
-    gains = {}
-    for b in CHALLENGE_WIDTHS:
-        tput = {p: summarize(simulate(big, cost, items, p, b, dc_prompt_len + max_cap,
-                                      dtype)[0])["throughput_tok_s"]
-                for p in ("static", "continuous")}
-        gains[b] = tput["continuous"] / tput["static"]
-    return gains

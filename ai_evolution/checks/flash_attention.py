@@ -15,7 +15,8 @@ import torch
 
 from ..fmt import es, es_bytes, es_sig, es_value
 from ..model.flash import (init_state, online_softmax_update as reference_update,
-                           peak_memory_bytes, random_qkv)
+                           peak_memory_bytes, quiet_native_stderr, random_qkv)
+from ..reference.flash_attention import exact_attention, reference_tiled_bytes
 from ..sim.attention_io import best_tiles, flash_io, naive_io, working_set_bytes
 from . import CheckResult, call_student, check_student_extension, failed, passed, self_check  # noqa: F401
 from ._attention import attention_step_result
@@ -170,31 +171,6 @@ def check_online_softmax_update(fn: Callable, seed: int = 0, raise_on_fail: bool
 
 # --- (2) the tiled loop with the causal mask -----------------------------------------------------
 
-def _reference(q, k, v, causal, q_positions=None, *, offset=0, top_left=False, gqa="interleave",
-               scale=None):
-    """Softmax attention in float64 with the variants a mistake would compute: the mask
-    ``key <= pos + offset``, queries aligned at position 0 (``top_left``), another head mapping."""
-    B, H, T, D = q.shape
-    S, Hkv = k.shape[2], k.shape[1]
-    G = H // Hkv
-    q, k, v = q.double(), k.double(), v.double()
-    if gqa == "interleave":
-        k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
-    else:
-        k, v = k.repeat(1, G, 1, 1), v.repeat(1, G, 1, 1)
-    scores = q @ k.transpose(-1, -2) * ((1 / math.sqrt(D)) if scale is None else scale)
-    if causal:
-        if q_positions is None:
-            pos = torch.arange(T) if top_left else torch.arange(S - T, S)
-            pos = pos.expand(B, T)
-        else:
-            pos = torch.as_tensor(q_positions).expand(B, T)
-        visible = torch.arange(S)[None, None, :] <= pos[:, :, None] + offset
-        scores = scores.masked_fill(~visible[:, None], -math.inf)
-    p = torch.softmax(scores, dim=-1)
-    return torch.nan_to_num(p) @ v
-
-
 def tiled_cases(seed: int = 0) -> list[dict]:
     """Seeded cases: (shape, causal, positions, tiles) and a label naming what each tests."""
     specs = [
@@ -251,18 +227,18 @@ def _tiled_variants(case: dict) -> dict[str, torch.Tensor]:
     q, k, v, causal, pos = case["q"], case["k"], case["v"], case["causal"], case["q_positions"]
     out = {}
     if causal:
-        out["strict"] = _reference(q, k, v, True, pos, offset=-1)
-        out["one_ahead"] = _reference(q, k, v, True, pos, offset=1)
-        out["no_mask"] = _reference(q, k, v, False)
+        out["strict"] = exact_attention(q, k, v, True, pos, offset=-1)
+        out["one_ahead"] = exact_attention(q, k, v, True, pos, offset=1)
+        out["no_mask"] = exact_attention(q, k, v, False)
         if pos is None and q.shape[2] < k.shape[2]:
-            out["top_left"] = _reference(q, k, v, True, top_left=True)
+            out["top_left"] = exact_attention(q, k, v, True, top_left=True)
     if q.shape[1] != k.shape[1]:
-        out["gqa"] = _reference(q, k, v, causal, pos, gqa="repeat")
-    out["no_scale"] = _reference(q, k, v, causal, pos, scale=1.0)
+        out["gqa"] = exact_attention(q, k, v, causal, pos, gqa="repeat")
+    out["no_scale"] = exact_attention(q, k, v, causal, pos, scale=1.0)
     S, bk = k.shape[2], case["block_k"]
     if S % bk and S > bk and not causal:
         kept = S - S % bk
-        out["dropped_tile"] = _reference(q, k[:, :, :kept], v[:, :, :kept], False)
+        out["dropped_tile"] = exact_attention(q, k[:, :, :kept], v[:, :, :kept], False)
     return out
 
 
@@ -287,7 +263,8 @@ def check_tiled_attention(fn: Callable, seed: int = 0, memory_n: int = 1024,
         got, crash = _call_tiled(fn, case)
         if crash:
             return failed(name, i, label, crash)
-        expected = _reference(case["q"], case["k"], case["v"], case["causal"], case["q_positions"])
+        expected = exact_attention(case["q"], case["k"], case["v"], case["causal"],
+                                   case["q_positions"])
         if not torch.is_tensor(got) or got.shape != expected.shape:
             shape = tuple(got.shape) if torch.is_tensor(got) else type(got).__name__
             return failed(name, i, label, f"se esperaba un tensor de forma "
@@ -319,8 +296,6 @@ def check_tiled_attention(fn: Callable, seed: int = 0, memory_n: int = 1024,
     q, k, v = random_qkv(1, 1, 1, memory_n, memory_n, 16, seed=seed + 2)
     label = (f"memoria: una cabeza, N = {memory_n}, bloques de 64 × 64; la matriz de "
              f"puntuaciones entera ocuparía {es_bytes(4 * memory_n ** 2)}")
-    from ..labs.flash_attention import quiet_native_stderr
-
     with quiet_native_stderr(), torch.inference_mode():
         (got, crash), peak = peak_memory_bytes(
             lambda: call_student(name, fn, q, k, v, causal=True, block_q=64, block_k=64))
@@ -371,15 +346,6 @@ def check_flash_step(fn: Callable, seed: int = 0, model=None, prompts=None,
 
 
 # --- (4) the IO model: bytes the tiled loop moves ------------------------------------------------
-
-def reference_tiled_bytes(n: int, d: int, block_q: int, block_k: int, elem_bytes: int = 2,
-                          causal: bool = False) -> int:
-    """Bytes one head's tiled attention (a prefill of ``n`` tokens, head dim ``d``) moves
-    between slow and fast memory: Q read once, O written once, and for each query tile the K
-    and V tiles it visits (with ``causal``, whole tiles up to the one holding the tile's last
-    query position). ``sim.attention_io.flash_io(...).hbm_bytes``."""
-    return flash_io(n, d, block_q, block_k, elem_bytes, causal=causal).hbm_bytes
-
 
 def tiled_bytes_cases() -> list[tuple[int, int, int, int, int, bool]]:
     """(n, d, block_q, block_k, elem_bytes, causal)."""

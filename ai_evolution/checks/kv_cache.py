@@ -14,6 +14,7 @@ import torch
 
 from ..fmt import es, es_sig, es_value
 from ..model import ModelConfig, get_preset, kv_bytes_per_token, weight_bytes
+from ..reference.kv_cache import reference_sequences_that_fit
 from . import CheckResult, call_student, check_student_extension, failed, passed, self_check  # noqa: F401
 from ._attention import attention_step_result
 
@@ -50,8 +51,12 @@ def kv_bytes_cases(seed: int = 0) -> list[tuple[ModelConfig, str]]:
 def check_kv_bytes_per_token(fn: Callable[[ModelConfig, str], float], seed: int = 0,
                              raise_on_fail: bool = True) -> CheckResult:
     """``fn(config, dtype) -> bytes`` must equal 2 x layers x kv_heads x head_dim x bytes(dtype)."""
-    name = "bytes de caché KV por token"
-    cases = kv_bytes_cases(seed)
+    return kv_bytes_result("bytes de caché KV por token", fn, kv_bytes_cases(seed))
+
+
+def kv_bytes_result(name: str, fn: Callable, cases: list[tuple[ModelConfig, str]]) -> CheckResult:
+    """``fn(config, dtype)`` against ``kv_bytes_per_token`` on each ``(config, dtype)`` of
+    ``cases``, stopping at the first difference (the public check's cases, or the autograder's)."""
     for i, (config, dtype) in enumerate(cases):
         expected = kv_bytes_per_token(config, dtype)
         got, crash = call_student(name, fn, config, dtype)
@@ -208,27 +213,6 @@ def check_fit_growth(fn: Callable, seed: int = 0, raise_on_fail: bool = True) ->
 # --- (d) the memory budget ---------------------------------------------------------------------
 
 BUDGET_KEYS = ("kv_budget_bytes", "num_blocks", "max_tokens", "sequences")
-
-
-def reference_sequences_that_fit(config: ModelConfig, gpu_memory_bytes: float, utilization: float,
-                                 activation_bytes: float, weight_dtype: str, kv_dtype: str,
-                                 block_size: int, context_len: int) -> dict:
-    """How many sequences of ``context_len`` tokens fit in one GPU, the way a serving engine
-    sizes its KV cache:
-
-    - ``kv_budget_bytes``: ``utilization`` x the memory, minus the weights (in ``weight_dtype``)
-      and the activation reserve; 0 when nothing is left;
-    - ``num_blocks``: whole blocks of ``block_size`` tokens (KV in ``kv_dtype``) in that budget;
-    - ``max_tokens``: the tokens those blocks hold;
-    - ``sequences``: sequences that each reserve the blocks their ``context_len`` tokens need
-      (a partly used block counts whole).
-    """
-    budget = gpu_memory_bytes * utilization - weight_bytes(config, weight_dtype) - activation_bytes
-    if budget <= 0:
-        return {"kv_budget_bytes": 0.0, "num_blocks": 0, "max_tokens": 0, "sequences": 0}
-    blocks = math.floor(budget / (kv_bytes_per_token(config, kv_dtype) * block_size))
-    return {"kv_budget_bytes": budget, "num_blocks": blocks, "max_tokens": blocks * block_size,
-            "sequences": blocks // math.ceil(context_len / block_size)}
 
 
 def budget_cases() -> list[tuple[ModelConfig, float, float, float, str, str, int, int]]:

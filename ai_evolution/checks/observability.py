@@ -63,6 +63,9 @@ def _percentile_hint(values: list[float], q: float, got: float) -> str:
     n = len(values)
     s = sorted(values)
     variants = [
+        (lambda: percentile(values, 100 * q) if q <= 1 else math.nan,
+         "q llega siempre en la escala 0..100: q = 1 es el p1, no el p100; no lo interprete "
+         "como fracción."),
         (lambda: _linear(values, q, lambda n, q: (n - 1) * q / 100),
          "su resultado coincide con interpolar sobre los valores sin ordenar: ordénelos primero "
          "(sorted(values))."),
@@ -90,10 +93,15 @@ def _percentile_hint(values: list[float], q: float, got: float) -> str:
 def check_percentile(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(values, q) -> float``: the ``q``-th percentile (0..100) of a non-empty list, linear
     interpolation between closest ranks (numpy's default), without modifying ``values``."""
-    name = "percentil"
-    cases = _percentile_cases(seed)
+    return percentile_result("percentil", fn, _percentile_cases(seed))
+
+
+def percentile_result(name: str, fn: Callable, cases: list[tuple[list[float], float]]
+                      ) -> CheckResult:
+    """``fn(values, q)`` against ``metrics.percentile`` on each ``(values, q)`` of ``cases``,
+    stopping at the first difference (the public check's cases, or the autograder's)."""
     for i, (values, q) in enumerate(cases):
-        label = f"{len(values)} valores {_short(values)}, q = {es(q, 1)}"
+        label = f"{len(values)} valores {_short(values)}, q = {es_sig(q, 4)}"
         given = list(values)
         got, crash = call_student(name, fn, given, q)
         if crash:
@@ -159,13 +167,6 @@ def _bootstrap_hint(case: dict, got: tuple[float, float]) -> str:
             "todos los índices en una sola llamada, una fila por remuestra), calcule el percentil q "
             "de cada remuestra y, de esas n_boot estadísticas, tome los percentiles 100·alpha/2 y "
             "100·(1 − alpha/2).")
-
-
-def reference_bootstrap(values, q: float, n_boot: int = 1000, alpha: float = 0.05,
-                        seed: int | None = 0) -> tuple[float, float]:
-    """The exercise's signature on ``metrics.bootstrap_ci`` (whose second positional argument is
-    ``stat``): the autograder's reference for ``bootstrap_interval``."""
-    return bootstrap_ci(values, q=q, n_boot=n_boot, alpha=alpha, seed=seed)
 
 
 @self_check

@@ -25,19 +25,9 @@ from ..model import ModelConfig, dtype_bytes, get_preset, kv_bytes_per_token
 from ..model.memory import linear_shapes, parse_weight_format, unquantized_params
 from ..model.quant import (dequantize_int8, quantize_int4, quantize_int8, quantize_model,
                            quantized_layers, unpack_int4)
+from ..reference.quantization import reference_predict_step_s, reference_quantize_int4_groups
 from . import (CheckResult, call_student, check_student_extension, failed, passed,  # noqa: F401
                self_check)
-
-
-def reference_quantize_int4_groups(w: torch.Tensor,
-                                   group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int4 with one scale per ``group_size`` consecutive inputs of each row:
-    ``scale = max|group| / 7``, ``q = round(w / scale)`` clipped to [-8, 7] and stored as
-    ``q + 8`` (0..15), two per byte, column ``2j`` in the high nibble of byte ``j`` and
-    ``2j + 1`` in the low one. Returns ``(packed uint8 [N, K / 2], scale [N, K / group_size])``;
-    ValueError when ``group_size`` does not divide ``K``."""
-    packed, scale, _ = quantize_int4(w, group_size, symmetric=True)
-    return packed, scale
 
 
 def _seeded(seed: int, shape: tuple[int, int], scale: float = 1.0) -> torch.Tensor:
@@ -209,8 +199,13 @@ def check_quantize_int8(fn: Callable, seed: int = 0, model=None,
 @self_check
 def check_dequantize_int8(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(q, scale) -> float32 [N, K]``, ``q x scale`` row by row (``dequantize_int8``)."""
-    name = "descuantizar int8"
-    cases = int8_cases(seed)
+    return dequantize_result("descuantizar int8", fn, int8_cases(seed))
+
+
+def dequantize_result(name: str, fn: Callable, cases: list[tuple[str, torch.Tensor]]
+                      ) -> CheckResult:
+    """``fn(q, scale)`` against ``dequantize_int8`` on the int8 form of each ``(label, w)`` of
+    ``cases``, stopping at the first difference (the public check's cases, or the autograder's)."""
     for i, (label, w) in enumerate(cases):
         q, s = quantize_int8(w)
         expected = dequantize_int8(q, s)
@@ -434,9 +429,7 @@ def _predict_hint(got: float, config, fmt, dtype, ctx, bw, overhead) -> str:
 @self_check
 def check_predict_step_s(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
     """``fn(config, weight_format, dtype, context_len, bandwidth_bytes_per_s, overhead_s) ->
-    seconds``, as ``labs.quantization.reference_predict_step_s``."""
-    from ..labs.quantization import reference_predict_step_s
-
+    seconds``, as ``reference.quantization.reference_predict_step_s``."""
     name = "tiempo de un paso según los bytes del formato"
     cases = predict_cases(seed)
     for i, (config, fmt, dtype, ctx, bw, overhead) in enumerate(cases):

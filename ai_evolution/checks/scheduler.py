@@ -9,37 +9,16 @@ request was preempted, and preemptions out of arrival order.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
-from ..engine import (KVCacheManager, LLMEngine, Request, SamplingParams, build_engine,
-                      newest_unfinished, tokens_for)
+from ..engine import KVCacheManager, LLMEngine, Request, SamplingParams, build_engine, tokens_for
 from ..engine.request import RequestStatus
+from ..reference.scheduler import VICTIM_RULES, reference_victim
 from ..sim import SimExecutor
 from . import CheckResult, call_student, failed, passed, self_check
 from ._engine import TOY_CONFIG, TOY_COST, trace
-
-# The victim rules of the exercise: name -> what it preempts (Spanish, shown to the student).
-VICTIM_RULES = {
-    "newest": "la admitida más recientemente (la regla de vLLM: prioridad al primero que llegó)",
-    "fewest_computed": "la que tiene menos tokens calculados (la que menos trabajo tira)",
-    "most_computed": "la que tiene más tokens calculados (la que más bloques libera de una vez)",
-}
-
-
-def reference_victim(running: Sequence[Request], rule: str) -> Request:
-    """The unfinished request of ``running`` (in admission order) that ``rule`` preempts; a tie
-    in computed tokens goes to the most recently admitted. The autograder's reference for the
-    victim exercise."""
-    if rule not in VICTIM_RULES:
-        raise ValueError(f"regla de víctima {rule!r} desconocida; aceptadas: {', '.join(VICTIM_RULES)}")
-    if rule == "newest":
-        return newest_unfinished(running)
-    live = [(k, r) for k, r in enumerate(running) if not r.is_finished]
-    sign = 1 if rule == "most_computed" else -1
-    return max(live, key=lambda kr: (sign * kr[1].num_computed_tokens, kr[0]))[1]
-
 
 def _workloads(seed: int) -> list[dict]:
     rng = np.random.default_rng(seed)

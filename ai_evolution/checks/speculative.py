@@ -11,8 +11,9 @@ from typing import Callable
 import torch
 
 from ..fmt import es, es_sig, es_value
-from ..sim.cost_model import best_k, predict_speculation_h100, speculative_speedup
-from ..speculative import acceptance_probs, greedy_accept, residual_distribution
+from ..reference.speculative import reference_acceptance_and_residual, reference_speedup_table
+from ..sim.cost_model import best_k, predict_speculation_h100
+from ..speculative import greedy_accept
 from . import CheckResult, call_student, check_student_extension, failed, passed, self_check  # noqa: F401
 
 CHALLENGE_KEYS = ("alpha", "k", "context_len", "break_even_batch", "speedup_batch1",
@@ -84,14 +85,6 @@ def check_greedy_accept(fn: Callable, seed: int = 0, raise_on_fail: bool = True)
 
 
 # --- exercise 3: the expected speedup and the best k -------------------------------------------------
-
-def reference_speedup_table(alpha: float, cost_ratio: float, k_max: int) -> dict:
-    """``{"speedup": [S(1), .., S(k_max)], "best_k": k}``: Leviathan et al.'s improvement factor
-    ``E(alpha, k) / (1 + k * cost_ratio)`` for each k, and the k with the largest one (the
-    smallest k on a tie)."""
-    return {"speedup": [speculative_speedup(alpha, k, cost_ratio) for k in range(1, k_max + 1)],
-            "best_k": best_k(alpha, cost_ratio, k_max)}
-
 
 def speedup_cases(seed: int = 0) -> list[tuple[str, float, float, int]]:
     """(label, alpha, cost ratio, k_max)."""
@@ -165,12 +158,6 @@ def check_speedup_table(fn: Callable, seed: int = 0, raise_on_fail: bool = True)
 
 
 # --- exercise 2: the rejection-sampling step ---------------------------------------------------------
-
-def reference_acceptance_and_residual(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(min(1, p/q), norm(max(0, p - q)))``: the probability of keeping each drafted token and
-    the distribution to resample from after a rejection."""
-    return acceptance_probs(p, q), residual_distribution(p, q)
-
 
 def distribution_cases(seed: int = 0) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     t = lambda *x: torch.tensor(x, dtype=torch.float64)  # noqa: E731

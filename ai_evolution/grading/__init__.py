@@ -3,16 +3,16 @@
 ``python -m ai_evolution.grading --lab kv_cache FOLDER`` (or :func:`grade_folder`) grades every
 ``*.ipynb`` in FOLDER, one per student:
 
-1. **Execute** (``sandbox``): a worker process runs the notebook with papermill (``seed`` and
+1. **Execute** (``notebook``, under ``sandbox``): a worker process runs the notebook with papermill (``seed`` and
    ``profile="ci"`` injected, ``allow_errors``) in a scratch copy of the lab's folder, on CPU,
    isolated (bubblewrap where it works, else a session of its own), under a wall-clock limit
    for the whole notebook, a per-cell limit and a memory bound. Nothing the kernel writes is a
    result: the grader keeps only each cell's errors and the contract a last, appended cell
    prints, returned by the worker through a channel the kernel cannot reach.
-2. **Check** (``rebuild``, ``checker``, ``worker``, ``proxy``): the exercise functions are
-   rebuilt from the submitted file itself (its definition statements, screened, on top of the
-   lab's setup imports) in a jailed *function worker* whose library lacks the lab's graded
-   references (``stripped``); the trusted checker, which runs no submitted code, draws the
+2. **Check** (``rebuild``, ``delegation``, ``checker``, ``worker``, ``proxy``): the exercise
+   functions are rebuilt from the submitted file itself (its definition statements, screened,
+   on top of the lab's setup imports) in a jailed *function worker* whose library lacks the
+   reference answers (``stripped``); the trusted checker, which runs no submitted code, draws the
    hidden cases of ``assessments/NN-name/hidden_checks.py`` from the instructor's secret
    (``secret``), computes the expected values and calls the worker through proxies that carry
    plain data only (``codec``). A notebook that times out or crashes still has every function
@@ -54,9 +54,10 @@ from typing import TextIO
 from .assessment import (Assessment, AssessmentError, Criterion, Stage, find_assessment, hidden,
                          load_assessment, public)
 from .intake import Refused, list_submissions, parse_problem, read_submission, student_ids
-from .kernel import clean, grade_namespace
+from .namespace import clean, grade_namespace
 from .report import RECORD, gradebook_csv, write_reports
-from .sandbox import RunInfo, budget_reason, run_notebook, submission_limits
+from .notebook import RunInfo, run_notebook
+from .sandbox import budget_reason, submission_limits
 from .score import Grade, flags_for, score, version_notes
 
 __all__ = ["Assessment", "AssessmentError", "Criterion", "DEFAULTS", "Grade", "Stage",

@@ -17,10 +17,10 @@ For each criterion:
 
 1. the graded name must be defined by the rebuilt statements, and its last definition must have
    passed the screen (:func:`.rebuild.screen`, which keeps exercise code to definitions);
-2. the public and hidden checks run (:func:`.kernel.grade_function`) on the proxy; while it is
+2. the public and hidden checks run (:func:`.namespace.grade_function`) on the proxy; while it is
    checked, the worker binds the other graded names to stubs that call the library's
    references here (one wrong exercise costs only its own points);
-3. the static delegation walk (:func:`.rebuild.delegation`, run in the worker) is a flag for a
+3. the static delegation walk (:func:`.delegation.delegation`, run in the worker) is a flag for a
    human, not the defence: the references are not in the worker's library.
 
 :func:`check_functions` is the grader's side: it runs checkers until every criterion has an
@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .kernel import _outcome, clean, grade_function
+from .namespace import _outcome, clean, grade_function
 
 STATEMENT_LIMIT_S = 10.0
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from ..checks import check_student_extension
 from .assessment import Assessment, Criterion, ManualItem
-from .kernel import DEFAULT_STAGE_LIMIT_S, _time_limit, clean
-from .sandbox import RunInfo
+from .namespace import DEFAULT_STAGE_LIMIT_S, _time_limit, clean
+from .notebook import RunInfo
 
 # Lines of a submission worth a human look: code that reaches into the grader or the library.
 SUSPICIOUS = [

@@ -1,11 +1,18 @@
-"""The library the function worker imports: a copy of ``ai_evolution`` without the lab's answers.
+"""The library the function worker imports: a copy of ``ai_evolution`` without the answers.
 
-:func:`build` copies the package and, in the copy, replaces the body of every graded reference
-of the lab (``reference`` and ``delegates`` of each function criterion of ``rubric.json``; for
-a class exercise, its graded ``methods``) by ``raise NotImplementedError(...)``, at the AST
-level, where it is *defined*. Every re-export and alias (``from .memory import
-kv_bytes_per_token``, ``getattr(module, "name")``, ``torch.sys.modules[...]``,
-``functools.reduce(getattr, ...)``) then reaches the stub: there is nothing to delegate to.
+:func:`build` copies the package and, in the copy, replaces by ``raise NotImplementedError(...)``,
+at the AST level, where it is *defined*, the body of
+
+- every function and class of :mod:`ai_evolution.reference`, the package of reference answers
+  (every lab's: none of them is the library a student's code may use), and
+- every graded reference of the lab that lives elsewhere in the library (``reference`` and
+  ``delegates`` of each function criterion of ``rubric.json``, such as the engine's
+  ``BlockPool``; for a class exercise, its graded ``methods``).
+
+Every re-export and alias (``from .memory import kv_bytes_per_token``, ``getattr(module,
+"name")``, ``torch.sys.modules[...]``, ``functools.reduce(getattr, ...)``) then reaches the
+stub: there is nothing to delegate to. The modules stay importable (the labs import their
+references).
 
 The copy is written before any untrusted process starts and bound read-only in bubblewrap.
 """
@@ -21,6 +28,7 @@ from pathlib import Path
 from .assessment import Assessment, AssessmentError
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
+REFERENCE_PACKAGE = "ai_evolution.reference"
 
 
 def _stub_body(name: str) -> list[ast.stmt]:
@@ -47,6 +55,28 @@ def targets(assessment: Assessment) -> dict[str, set[str]]:
                 names = [getattr(obj, "__qualname__", attr.split(".")[-1])]
                 owner = getattr(obj, "__module__", module)
             out.setdefault(owner, set()).update(names)
+    return out
+
+
+def reference_targets() -> dict[str, set[str]]:
+    """``{module: {names}}``: every top-level function and class of the reference package."""
+    out: dict[str, set[str]] = {}
+    for path in sorted((PACKAGE_DIR / "reference").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {n.name for n in tree.body
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        if names:
+            module = REFERENCE_PACKAGE if path.stem == "__init__" else \
+                f"{REFERENCE_PACKAGE}.{path.stem}"
+            out[module] = names
+    return out
+
+
+def _merge(*parts: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for part in parts:
+        for module, names in part.items():
+            out.setdefault(module, set()).update(names)
     return out
 
 
@@ -110,7 +140,7 @@ def build(assessment: Assessment, dest: Path) -> Path:
     dest = Path(dest)
     root = dest / "ai_evolution"
     shutil.copytree(PACKAGE_DIR, root, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for module, names in sorted(targets(assessment).items()):
+    for module, names in sorted(_merge(targets(assessment), reference_targets()).items()):
         if not (module == "ai_evolution" or module.startswith("ai_evolution.")):
             raise AssessmentError(f"la referencia {module} no es parte de la biblioteca")
         rel = Path(*module.split(".")[1:])

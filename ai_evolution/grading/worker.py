@@ -17,7 +17,7 @@ statements (:func:`.rebuild.extract`), then answers requests, one JSON line each
 
 The worker holds no key, no check, no expected value and no path to the gradebook or the
 assessments folder. Without the argument ``functions`` it runs a notebook
-(:func:`.sandbox.worker_main`).
+(:func:`.notebook.worker_main`).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class Worker:
         are not in this library)."""
         try:
             from .assessment import resolve_reference
-            from .rebuild import delegation, forbidden_for
+            from .delegation import delegation, forbidden_for
 
             class _C:  # the criterion's fields forbidden_for reads
                 reference, delegates, methods = g["reference"], tuple(g["delegates"]), \
@@ -248,7 +248,8 @@ def functions_main() -> int:
 
     library = Path(os.environ.get("PYTHONPATH", "/nonexistent")).resolve()
     if not Path(ai_evolution.__file__).resolve().is_relative_to(library):
-        raise SystemExit(f"the worker imported {ai_evolution.__file__}, not the stripped copy")
+        raise SystemExit(f"el proceso de funciones importó {ai_evolution.__file__}, no la copia "
+                         "de la biblioteca sin referencias")
     from .sandbox import private_stdout, set_limits
 
     out = private_stdout()
@@ -264,6 +265,6 @@ def functions_main() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["functions"]:
         sys.exit(functions_main())
-    from .sandbox import worker_main
+    from .notebook import worker_main
 
     sys.exit(worker_main())

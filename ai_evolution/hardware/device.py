@@ -15,11 +15,13 @@ def pick_device(prefer: str | None = None) -> torch.device:
     accepted = ("cuda", "mps", "cpu")
     if prefer is not None:
         if prefer not in accepted:
-            raise ValueError(f"unknown device {prefer!r}; accepted: {', '.join(accepted)}")
+            raise ValueError(f"dispositivo {prefer!r} desconocido; aceptados: {', '.join(accepted)}")
         if prefer == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device 'cuda' was asked for but torch.cuda.is_available() is False")
+            raise ValueError("se pidió el dispositivo 'cuda', pero torch.cuda.is_available() es "
+                             "False; aceptados aquí: 'cpu' o None (elige solo)")
         if prefer == "mps" and not _mps_available():
-            raise ValueError("device 'mps' was asked for but Apple MPS is not available")
+            raise ValueError("se pidió el dispositivo 'mps', pero Apple MPS no está disponible; "
+                             "aceptados aquí: 'cpu' o None (elige solo)")
         return torch.device(prefer)
     if torch.cuda.is_available():
         return torch.device("cuda")

@@ -23,11 +23,8 @@ the grader), and the notebook calls the same functions with the student's attent
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import os
-import sys
 import time
 import warnings
 from typing import Callable
@@ -43,7 +40,7 @@ from ..hardware import synchronize
 from ..model import load_model
 from ..model.attention import ContiguousKVCache
 from ..model.flash import (flash_attention, flash_cached_attention, naive_attention,
-                           peak_memory_bytes, random_qkv)
+                           peak_memory_bytes, quiet_native_stderr, random_qkv)
 from ..sim.attention_io import (best_tiles, flash_io, flash_io_for_memory, naive_io,
                                 tile_candidates, working_set_bytes)
 from ..timing import torch_threads
@@ -74,26 +71,6 @@ MEASURES = {"cpu": ("el pico de la suma, en orden de tiempo, de las reservas y l
 
 
 # --- small helpers -------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def quiet_native_stderr():
-    """Silence what native code writes on file descriptor 2 (torch.profiler's kineto prints a
-    ``profiler_start``/``profiler_stop`` line per session there, which a notebook would show)."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):       # no real descriptor 2: nothing to silence
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
 
 def measured_peak(fn: Callable[[], object], device) -> tuple[object, int]:
     """``model.flash.peak_memory_bytes`` without the profiler's lines on stderr."""

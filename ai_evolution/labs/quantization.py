@@ -40,7 +40,8 @@ from ..model.memory import (dtype_bytes, linear_shapes, parse_weight_format,
                             quantized_weight_bytes, weight_bytes)
 from ..model.quant import QuantizedLinear, kernels, model_bytes, quant_error, quantize_model
 from ..model.shipped_models import held_out_tokens
-from ..sim import decode_step_cost, time_floor_s, weight_bytes_read
+from ..reference.quantization import reference_predict_step_s
+from ..sim import decode_step_cost, weight_bytes_read
 from ..timing import step_times, torch_threads
 from .common import worked_examples
 from .contract import evidence as _ev, timing_limitation
@@ -74,19 +75,6 @@ def check_params(params: dict, config) -> None:
     except ValueError as err:
         raise LabParamError(f"group_size={params['group_size']} no sirve para {config.name}: "
                             f"{err}") from None
-
-
-# --- the library's answer to exercise 3 -------------------------------------------------------
-def reference_predict_step_s(config, weight_format: str | None, dtype: str, context_len: int,
-                             bandwidth_bytes_per_s: float, overhead_s: float) -> float:
-    """Exercise 3: the seconds of one batch-1 decode step after ``context_len`` tokens, from the
-    bytes it reads (chapter 1's roofline without the compute term, which batch 1 never reaches):
-    ``bytes / bandwidth + overhead``. The bytes: every linear weight in ``weight_format`` (its
-    integers and, per group, a scale and, asymmetric, a zero at ``dtype``; ``None``: at
-    ``dtype``), the other parameters at ``dtype`` (norms, biases, one embedding row) and the KV
-    cache of ``context_len + 1`` tokens at ``dtype``."""
-    cost = decode_step_cost(config, 1, context_len, dtype, weight_format=weight_format)
-    return time_floor_s(cost.bytes, bandwidth_bytes_per_s) + overhead_s
 
 
 # --- measuring: speed ---------------------------------------------------------------------------

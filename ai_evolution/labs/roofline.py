@@ -30,8 +30,8 @@ from ..hardware import (default_dtype, get_device_spec, measure_matmul,
                         measure_stream_bandwidths, synchronize)
 from ..model import get_preset, load_model
 from ..model.attention import ContiguousKVCache
-from ..sim import (RooflineCostModel, StepCost, decode_step_cost, departure_batch, ridge_point,
-                   step_cost, time_floor_s)
+from ..reference.roofline import reference_decode_roofline, reference_predict_step
+from ..sim import decode_step_cost, departure_batch, ridge_point, step_cost, time_floor_s
 from ..timing import torch_threads
 from .contract import evidence as _ev, timing_limitation
 from .registry import LabParamError, LabSpec, Param
@@ -40,26 +40,6 @@ MODELS = ("cpu-200m", "smollm2-135m", "qwen3-0.6b", "qwen2.5-0.5b", "tiny-es")
 
 # Reading the weights at the kernels' rate explains "most of the step" above this share.
 STEP_SHARE = 0.5
-
-
-def reference_roofline(config, dtype: str, batch_size: int, context_len: int,
-                       bandwidth_bytes_per_s: float) -> dict:
-    """The library's answer to exercise 1 (bytes, flops, intensity, floor_s of a decode step)."""
-    cost = decode_step_cost(config, batch_size, context_len, dtype)
-    return {"bytes": cost.bytes, "flops": cost.flops, "intensity": cost.intensity,
-            "floor_s": time_floor_s(cost.bytes, bandwidth_bytes_per_s)}
-
-
-def reference_predict(step_bytes: float, step_flops: float, bandwidth_bytes_per_s: float,
-                      peak_flops: float, overhead_s: float) -> dict:
-    """The library's answer to exercise 2: ``time_s`` = ``max(bytes / BW, flops / peak) +
-    overhead``, the ``bound`` ("memory" or "compute", the slower limit; memory at a tie) and the
-    ``ridge_intensity`` (FLOP/byte) at which the two limits cross."""
-    t_mem, t_comp = step_bytes / bandwidth_bytes_per_s, step_flops / peak_flops
-    return {"time_s": RooflineCostModel(bandwidth_bytes_per_s, peak_flops, overhead_s).step_time_s(
-                StepCost(flops=step_flops, weight_bytes=step_bytes, kv_bytes=0.0)),
-            "bound": "compute" if t_comp > t_mem else "memory",
-            "ridge_intensity": ridge_point(peak_flops, bandwidth_bytes_per_s)}
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -194,7 +174,7 @@ def mid_context(measured: dict) -> int:
 
 
 def analyse_step(measured: dict, config, dtype_name: str,
-                 roofline_fn: Callable = reference_roofline) -> dict:
+                 roofline_fn: Callable = reference_decode_roofline) -> dict:
     """The machine, prefill vs decode and the batch-1 step against its two floors.
 
     ``roofline_fn(config, dtype, batch_size, context_len, bandwidth)`` is exercise 1's
@@ -279,8 +259,8 @@ def analyse_step(measured: dict, config, dtype_name: str,
 
 
 def analyse_batching(measured: dict, config, dtype_name: str, step: dict,
-                     roofline_fn: Callable = reference_roofline,
-                     predict_fn: Callable = reference_predict) -> dict:
+                     roofline_fn: Callable = reference_decode_roofline,
+                     predict_fn: Callable = reference_predict_step) -> dict:
     """The batching curve against the roofline prediction calibrated on the batch-1 step.
 
     ``predict_fn(bytes, flops, bandwidth, peak, overhead)`` is exercise 2's function (its

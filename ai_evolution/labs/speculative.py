@@ -35,12 +35,12 @@ import numpy as np
 import torch
 
 from .. import claims
-from ..checks.speculative import reference_acceptance_and_residual as reference_pieces
 from ..engine import SamplingParams, build_engine
 from ..fmt import es
 from ..generation import generate
 from ..model import load_model
 from ..model.attention import ContiguousKVCache
+from ..reference.speculative import reference_acceptance_and_residual
 from ..sim.cost_model import (best_k, expected_tokens_per_step, predict_speculation_h100,
                               speculative_speedup)
 from ..speculative import (SpecStep, SpeculativeOutput, chi_square_gof, greedy_accept, pooled,
@@ -231,7 +231,8 @@ def distribution_case(seed: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor
     return p, q
 
 
-def sample_verified(p, q, n: int, seed: int, pieces: Callable = reference_pieces) -> torch.Tensor:
+def sample_verified(p, q, n: int, seed: int,
+                    pieces: Callable = reference_acceptance_and_residual) -> torch.Tensor:
     """``n`` tokens emitted at one position: draft ``x ~ q``, keep it with probability
     ``accept[x]``, else draw from ``residual``; ``pieces(p, q)`` gives ``(accept, residual)``."""
     accept, residual = pieces(p.clone(), q.clone())
@@ -244,7 +245,8 @@ def sample_verified(p, q, n: int, seed: int, pieces: Callable = reference_pieces
     return torch.where(keep, x, fresh)
 
 
-def measure_distribution(params: dict, seed: int, pieces: Callable = reference_pieces) -> dict:
+def measure_distribution(params: dict, seed: int,
+                         pieces: Callable = reference_acceptance_and_residual) -> dict:
     """Chi-square of the verified tokens against ``p`` and, as a negative control, of the
     draft's own samples against ``p``."""
     vocab, n = params["gof_vocab"], params["gof_samples"]

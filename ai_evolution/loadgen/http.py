@@ -80,7 +80,8 @@ def request_body(item, model: str, extra_body: dict | None = None) -> dict:
     with usage."""
     _, prompt, params = item
     if not isinstance(params, SamplingParams):
-        raise TypeError(f"each workload item needs SamplingParams; got {type(params).__name__}")
+        raise TypeError(f"cada elemento de la carga necesita un SamplingParams; se recibió "
+                        f"{type(params).__name__}")
     body = {"model": model, "prompt": [int(t) for t in prompt], "max_tokens": params.max_tokens,
             "temperature": params.temperature, "stream": True,
             "stream_options": {"include_usage": True}}

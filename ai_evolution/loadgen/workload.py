@@ -26,7 +26,8 @@ class WorkItem(NamedTuple):
 def capped_exponential_lengths(n: int, mean: float, cap: int, seed: int) -> list[int]:
     """``n`` output lengths ``min(cap, ceil(Exponential(mean)))``, each >= 1, seeded."""
     if n < 1 or mean <= 0 or cap < 1:
-        raise ValueError(f"need n >= 1, mean > 0 and cap >= 1; got n={n}, mean={mean}, cap={cap}")
+        raise ValueError(f"se necesita n >= 1, mean > 0 y cap >= 1; se recibió n={n}, mean={mean}, "
+                         f"cap={cap}")
     rng = np.random.default_rng(seed)
     draws = np.ceil(rng.exponential(mean, n)).astype(int)
     return np.clip(draws, 1, cap).tolist()
@@ -40,7 +41,8 @@ def fixed_prompt_workload(num_requests: int, prompt_len: int, output_lens: list[
     Token ids below ``first_token`` are left out so that no prompt holds a special token.
     """
     if len(output_lens) != num_requests:
-        raise ValueError(f"{num_requests} requests but {len(output_lens)} output lengths")
+        raise ValueError(f"{num_requests} peticiones pero {len(output_lens)} longitudes de salida: "
+                         "hace falta una por petición")
     rng = np.random.default_rng(seed)
     prompts = rng.integers(first_token, vocab_size, (num_requests, prompt_len)).tolist()
     return [WorkItem(0.0, p, SamplingParams(max_tokens=int(n), ignore_eos=True))

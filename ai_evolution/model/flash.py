@@ -35,7 +35,10 @@ back to the query's dtype.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -459,6 +462,27 @@ def peak_memory_bytes(fn: Callable[[], object], device: str | torch.device = "cp
         running += nbytes
         peak = max(peak, running)
     return result, peak
+
+
+@contextlib.contextmanager
+def quiet_native_stderr():
+    """Silence what native code writes on file descriptor 2 (torch.profiler's kineto prints a
+    ``profiler_start``/``profiler_stop`` line per session there, which a notebook would show)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):       # no real descriptor 2: nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
 
 
 def random_qkv(batch: int, heads: int, kv_heads: int, n_queries: int, n_keys: int, head_dim: int,

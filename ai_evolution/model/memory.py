@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..fmt import es
 from .config import ModelConfig
 
 # Bytes per element. Quantized formats are listed by their nominal width (no scales/zeros).
@@ -254,17 +255,18 @@ def memory_budget(config: ModelConfig, gpu_memory_bytes: float, *, max_len: int,
     ``kv_bytes_per_token``).
     """
     if not 0 < utilization <= 1:
-        raise ValueError(f"utilization must be in (0, 1], got {utilization}")
+        raise ValueError(f"utilization debe estar en (0, 1]; se recibió {utilization}")
     if max_len < 1 or (typical_len is not None and typical_len < 1):
-        raise ValueError(f"max_len and typical_len must be >= 1, got {max_len}, {typical_len}")
+        raise ValueError(f"max_len y typical_len deben ser >= 1; se recibieron {max_len} y "
+                         f"{typical_len}")
     typical_len = max_len if typical_len is None else typical_len
     w = (weight_bytes(config, dtype, weight_format=weight_format) if weights_bytes is None
          else float(weights_bytes))
     budget = gpu_memory_bytes * utilization - w
     if budget <= 0:
         raise ValueError(
-            f"the weights ({w / 1e9:.2f} GB) do not fit in {utilization:.2f} x "
-            f"{gpu_memory_bytes / 1e9:.2f} GB: no room left for the KV cache"
+            f"los pesos ({es(w / 1e9, 2)} GB) no caben en {es(utilization, 2)} × "
+            f"{es(gpu_memory_bytes / 1e9, 2)} GB: no queda sitio para la caché KV"
         )
     per_token = kv_bytes_per_token(config, dtype if kv_dtype is None else kv_dtype, kv_scale_dtype)
     return MemoryBudget(

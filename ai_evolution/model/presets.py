@@ -85,4 +85,4 @@ def get_preset(name: str) -> ModelConfig:
         return ModelConfig.from_hf_config(shipped_model_dir(key), name=key).replace(
             source=f"shipped with ai_evolution (ai_evolution/model/shipped/{key})"
         )
-    raise KeyError(f"unknown model preset {name!r}; known presets: {', '.join(preset_names())}")
+    raise KeyError(f"modelo {name!r} desconocido; aceptados: {', '.join(preset_names())}")

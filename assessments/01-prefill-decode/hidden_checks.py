@@ -10,6 +10,7 @@ from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import roofline as checks
 from ai_evolution.fmt import es_sig, es_value
 from ai_evolution.grading import hidden, public
+from ai_evolution.reference.roofline import reference_departure_batch
 
 
 def decode_roofline(fn, ctx):
@@ -63,7 +64,7 @@ def _departure_edges(fn, raise_on_fail=False):
              ([2, 5, 7], [3 * u, 3.5 * u, 4 * u], [read] * 3, 2.0**30, 2.0**40, 0.25),
              ([1, 2, 4], [u, 2.5 * u, 2.75 * u], [read] * 3, 2.0**30, 2.0**40, 0.25)]
     for i, (b, m, costs, bw, peak, tol) in enumerate(cases):
-        expected = checks.reference_departure_batch(b, m, costs, bw, peak, tol)
+        expected = reference_departure_batch(b, m, costs, bw, peak, tol)
         got, crash = call_student(name, fn, list(b), list(m), [dict(c) for c in costs], bw, peak,
                                   tol)
         label = (f"lotes {b}, medidas {es_value(m)} s, cada paso lee {es_sig(read['bytes'])} "

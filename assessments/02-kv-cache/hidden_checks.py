@@ -27,7 +27,6 @@ def kv_bytes_per_token(fn, ctx):
 def _kv_bytes_edges(fn, rng, raise_on_fail=False):
     """Multi-query attention, 4- and 8-bit caches, a head_dim that is not hidden / heads; the
     sizes drawn per grading run (``rng``, from the instructor's secret)."""
-    name = "bytes de caché KV por token (casos límite)"
     layers, heads = int(rng.integers(2, 97)), int(rng.choice([8, 16, 32, 64]))
     mqa = ModelConfig(num_layers=layers, hidden_size=128 * heads, num_heads=heads,
                       num_kv_heads=1, intermediate_size=4 * 128 * heads, vocab_size=32000,
@@ -41,17 +40,7 @@ def _kv_bytes_edges(fn, rng, raise_on_fail=False):
     cases = [(mqa, "int4"), (mqa, str(rng.choice(["fp8", "int8"]))),
              (wide, str(rng.choice(dtypes))),
              (get_preset(str(rng.choice(presets))), str(rng.choice(dtypes)))]
-    for i, (config, dtype) in enumerate(cases):
-        expected = reference_kv_bytes(config, dtype)
-        got, crash = call_student(name, fn, config, dtype)
-        label = f"{config.name}, dtype {dtype}"
-        if crash:
-            return failed(name, i, label, crash)
-        if not isinstance(got, (int, float, np.number)) or not math.isclose(float(got), expected,
-                                                                            rel_tol=1e-9):
-            return failed(name, i, label, f"se esperaban {es_sig(expected)} bytes y su función "
-                          f"devolvió {es_value(got)}.")
-    return passed(name, len(cases))
+    return checks.kv_bytes_result("bytes de caché KV por token (casos límite)", fn, cases)
 
 
 def cached_attention(fn, ctx):

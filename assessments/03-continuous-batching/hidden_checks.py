@@ -8,12 +8,12 @@ import math
 
 import numpy as np
 
-from ai_evolution.checks import call_student, failed, passed
+from ai_evolution.checks import failed, passed
 from ai_evolution.checks import continuous_batching as checks
 from ai_evolution.engine import Request, SamplingParams
 from ai_evolution.fmt import es_sig, es_value
 from ai_evolution.grading import hidden, public
-from ai_evolution.metrics import summarize as reference_summarize
+from ai_evolution.reference.continuous_batching import CHALLENGE_WIDTHS, simulated_gains
 
 
 def policy(fn, ctx):
@@ -38,33 +38,20 @@ def _request(k: int, arrival: float, times: list[float]) -> Request:
 
 def _summarize_edges(fn, raise_on_fail=False):
     """One request; two; requests listed by finish time in reverse; a late first arrival."""
-    name = "métricas de servicio (casos límite)"
     cases = [
         [_request(0, 0.0, [0.25, 0.5])],
         [_request(0, 0.0, [0.1, 0.2, 0.3]), _request(1, 0.0, [0.4])],
         [_request(k, 0.01 * k, list(np.cumsum([0.05] * (10 - k)) + 0.01 * k)) for k in range(9)][::-1],
         [_request(0, 1.5, [1.75, 2.0]), _request(1, 1.0, [1.25, 3.0]), _request(2, 2.0, [2.5])],
     ]
-    for i, reqs in enumerate(cases):
-        expected = reference_summarize(reqs)
-        got, crash = call_student(name, fn, reqs)
-        label = f"{len(reqs)} peticiones"
-        if crash:
-            return failed(name, i, label, crash)
-        for key in checks.METRIC_KEYS:
-            g = got.get(key) if isinstance(got, dict) else None
-            if not isinstance(g, (int, float, np.number)) or \
-                    not math.isclose(float(g), expected[key], rel_tol=1e-9):
-                return failed(name, i, label, f"{key}: se esperaba {es_sig(expected[key])} y su "
-                              f"función devolvió {es_value(g)}.")
-    return passed(name, len(cases))
+    return checks.summarize_result("métricas de servicio (casos límite)", fn, cases)
 
 
 def extension(ext, contract, ctx):
     yield hidden(_gains, ext, ctx.params, ctx.seed)
 
 
-WIDTHS = checks.CHALLENGE_WIDTHS
+WIDTHS = CHALLENGE_WIDTHS
 
 
 def _gains(ext, params, seed, raise_on_fail=False):
@@ -81,7 +68,7 @@ def _gains(ext, params, seed, raise_on_fail=False):
         if not math.isclose(m[f"hb_width_{b}"], h_b, rel_tol=1e-9):
             return failed(name, i, f"hb_width_{b}", f"H_{b} = {es_sig(h_b)} (la suma de 1/k "
                           f"para k de 1 a {b}), y measurement dice {es_value(m[f'hb_width_{b}'])}.")
-    gains = checks.simulated_gains(params["dc_device"], params["dc_model"], params["dc_requests"],
+    gains = simulated_gains(params["dc_device"], params["dc_model"], params["dc_requests"],
                             params["dc_prompt_len"], params["dc_mean_output"], cap,
                             max(params["dc_caps"]), seed)
     for i, b in enumerate(WIDTHS, start=1 + len(WIDTHS)):

@@ -7,7 +7,6 @@ from __future__ import annotations
 from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import paged_attention as checks
 from ai_evolution.engine import BlockPool, KVCacheManager, Request, SamplingParams, hash_block
-from ai_evolution.engine import find_cached_prefix
 from ai_evolution.fmt import es_value
 from ai_evolution.grading import hidden, public
 
@@ -76,7 +75,6 @@ def prefix_lookup(fn, ctx):
 
 def _prefix_edges(fn, raise_on_fail=False):
     """A one-token prompt, a prompt that is exactly the cached blocks, blocks of one token."""
-    name = "búsqueda de prefijo en caché (casos límite)"
     cases = []
     for bs, cached, query in [(4, list(range(10, 22)), [10]),
                               (4, list(range(10, 22)), list(range(10, 22))),
@@ -90,21 +88,7 @@ def _prefix_edges(fn, raise_on_fail=False):
         kv.cache_full_blocks(r)
         kv.free(r)
         cases.append((bs, kv.pool, query))
-    for i, (bs, pool, query) in enumerate(cases):
-        expected = [b.block_id for b in find_cached_prefix(query, bs, pool)]
-        got, crash = call_student(name, fn, query, bs, pool)
-        label = f"bloques de {bs} tokens, consulta de {len(query)} tokens"
-        if crash:
-            return failed(name, i, label, crash)
-        try:
-            got_ids = [b.block_id for b in got]
-        except (TypeError, AttributeError):
-            return failed(name, i, label, f"devolvió {got!r}; se espera una lista de KVBlock.")
-        if got_ids != expected:
-            return failed(name, i, label, f"se esperaban los bloques {expected} y su función "
-                          f"devolvió {got_ids}.",
-                          checks._prefix_hint(len(query), bs, expected, got_ids))
-    return passed(name, len(cases))
+    return checks.prefix_lookup_result("búsqueda de prefijo en caché (casos límite)", fn, cases)
 
 
 def extension(ext, contract, ctx):

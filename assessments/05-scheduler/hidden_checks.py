@@ -9,6 +9,7 @@ from ai_evolution.checks import scheduler as checks
 from ai_evolution.engine import tokens_for
 from ai_evolution.fmt import es_value
 from ai_evolution.grading import hidden, public
+from ai_evolution.reference.scheduler import VICTIM_RULES, reference_victim
 
 
 def token_split(fn, ctx):
@@ -71,10 +72,10 @@ def _victim_edges(fn, raise_on_fail=False):
                [(True, 2), (True, 3), (False, 8), (True, 9), (True, 0)],
                [(False, 7), (False, 7), (False, 1), (False, 1)]]
     k = 0
-    for rule in checks.VICTIM_RULES:
+    for rule in VICTIM_RULES:
         for batch in batches:
             running = checks._batch([(done, computed, 12) for done, computed in batch])
-            expected = checks.reference_victim(running, rule)
+            expected = reference_victim(running, rule)
             got, crash = call_student(name, fn, list(running), rule)
             label = f"regla {rule!r}; en curso, en orden de entrada: " + ", ".join(
                 f"{r.request_id} ({r.num_computed_tokens} calculados"

@@ -11,11 +11,11 @@ import numpy as np
 
 from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import observability as checks
-from ai_evolution.checks.observability import reference_bootstrap
 from ai_evolution.fmt import es, es_sig, es_value
 from ai_evolution.grading import hidden, public
 from ai_evolution.labs.observability import datacenter_target, measure_capacity, poisson_run
 from ai_evolution.metrics import percentile as reference_percentile
+from ai_evolution.reference.observability import reference_bootstrap
 
 _REL = 1e-9
 
@@ -128,35 +128,13 @@ def _percentile_edges(fn, raise_on_fail: bool = False):
     """A single value at q = 0, 50 and 100; the minimum and maximum of unsorted input; integers;
     negatives; repeated values; small percentiles (q = 1 and 0,5, not fractions); a reversed
     list of 10 001 values."""
-    name = "percentil (casos límite)"
     ten = [0.2, 0.9, 0.1, 0.7, 0.3, 0.8, 0.4, 0.6, 0.5, 1.0]
     cases = [([7.5], 0.0), ([7.5], 50.0), ([7.5], 100.0),
              ([0.4, 0.1, 0.3, 0.2], 0.0), ([0.4, 0.1, 0.3, 0.2], 100.0),
              ([5, 3, 9, 1], 50), ([-3.0, 2.0, -1.0, 0.0], 25.0),
              ([2.0, 2.0, 2.0, 2.0, 2.0, 1.0], 99.9), (ten, 1.0), (ten, 0.5),
              ([float(v) for v in range(10_000, -1, -1)], 99.95)]
-    for i, (values, q) in enumerate(cases):
-        shown = "; ".join(es_sig(v) for v in values[:5]) + ("; …" if len(values) > 5 else "")
-        label = f"{len(values)} valores [{shown}], q = {es(q, 2)}"
-        given = list(values)
-        got, crash = call_student(name, fn, given, q)
-        if crash:
-            return failed(name, i, label, crash)
-        expected = reference_percentile(values, q)
-        if not _number(got) and not isinstance(got, np.number):
-            return failed(name, i, label, f"devolvió {type(got).__name__} ({es_value(got)}); se espera un "
-                          "número.")
-        if not _close(float(got), expected):
-            as_fraction = q <= 1 and _close(float(got), reference_percentile(values, 100 * q))
-            hint = ("q llega siempre en la escala 0..100: q = 1 es el p1, no el p100; no lo "
-                    "interprete como fracción." if as_fraction
-                    else checks._percentile_hint(values, q, float(got)))
-            return failed(name, i, label, f"se esperaba {es_sig(expected)} y su función devolvió "
-                          f"{es_sig(float(got))}.", hint)
-        if given != values:
-            return failed(name, i, label, "su función modificó la lista que recibió.",
-                          "use sorted(values), que devuelve una copia.")
-    return passed(name, len(cases))
+    return checks.percentile_result("percentil (casos límite)", fn, cases)
 
 
 # --- exercise 3: the bootstrap interval ----------------------------------------------------

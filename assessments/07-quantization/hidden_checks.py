@@ -13,11 +13,10 @@ from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import quantization as checks
 from ai_evolution.fmt import es, es_sig, es_value
 from ai_evolution.grading import hidden, public
-from ai_evolution.labs.quantization import CHALLENGE_TOLERANCE, reference_predict_step_s
+from ai_evolution.labs.quantization import CHALLENGE_TOLERANCE
 from ai_evolution.model import ModelConfig, get_preset
 from ai_evolution.model.memory import linear_shapes, quantized_weight_bytes
-from ai_evolution.model.quant import dequantize_int8 as ref_dequantize_int8
-from ai_evolution.model.quant import quantize_int8 as ref_quantize_int8
+from ai_evolution.reference.quantization import reference_predict_step_s
 
 
 def _number(x) -> bool:
@@ -61,26 +60,11 @@ def dequantize_int8(fn, ctx):
 
 def _dequantize_edges(fn, raise_on_fail=False):
     """A wide matrix (more columns than rows), a tall one, and scales in bf16."""
-    name = "descuantizar int8 (casos límite)"
     g = torch.Generator().manual_seed(5)
     cases = [("matriz ancha 2 × 7", torch.randn(2, 7, generator=g)),
              ("matriz alta 9 × 2", torch.randn(9, 2, generator=g)),
              ("escalas en bf16", torch.randn(4, 6, generator=g).to(torch.bfloat16))]
-    for i, (label, w) in enumerate(cases):
-        q, s = ref_quantize_int8(w)
-        expected = ref_dequantize_int8(q, s)
-        got, crash = call_student(name, fn, q.clone(), s.clone())
-        if crash:
-            return failed(name, i, label, crash)
-        if not torch.is_tensor(got) or got.shape != expected.shape or got.dtype != torch.float32:
-            shown = (f"forma {tuple(got.shape)}, {got.dtype}" if torch.is_tensor(got)
-                     else es_value(got))
-            return failed(name, i, label, f"se esperaba un tensor float32 de forma "
-                          f"{tuple(expected.shape)}; se obtuvo {shown}.")
-        if not torch.allclose(got, expected, rtol=1e-6, atol=0.0):
-            return failed(name, i, label, "los valores no son cada entero por la escala de su "
-                          "fila.", "Cada fila se multiplica por su escala, en float32.")
-    return passed(name, len(cases))
+    return checks.dequantize_result("descuantizar int8 (casos límite)", fn, cases)
 
 
 # --- exercise 2: int4 -----------------------------------------------------------------------

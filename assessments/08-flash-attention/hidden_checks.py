@@ -13,6 +13,7 @@ from ai_evolution.checks import flash_attention as checks
 from ai_evolution.fmt import es_sig, es_value
 from ai_evolution.grading import hidden, public
 from ai_evolution.model.flash import init_state, online_softmax_update as reference_update
+from ai_evolution.reference.flash_attention import exact_attention, reference_tiled_bytes
 
 
 def online_softmax_update(fn, ctx):
@@ -77,7 +78,7 @@ def _tiled_edges(fn, raise_on_fail=False):
         got, crash = checks._call_tiled(fn, case)
         if crash:
             return failed(name, i, label, crash)
-        expected = checks._reference(case["q"], case["k"], case["v"], causal)
+        expected = exact_attention(case["q"], case["k"], case["v"], causal)
         if not torch.is_tensor(got) or got.shape != expected.shape:
             return failed(name, i, label, f"se esperaba un tensor de forma {tuple(expected.shape)}.")
         err = float((got.double() - expected).abs().max())
@@ -111,7 +112,7 @@ def _bytes_edges(fn, rng, raise_on_fail=False):
                       int(rng.choice([1, 2, 4])), bool(rng.random() < 0.7)))
     for i, (n, d, bq, bk, e, causal) in enumerate(cases):
         label = f"n = {n}, d = {d}, bloques de {bq} × {bk}, {e} bytes, causal = {causal}"
-        expected = checks.reference_tiled_bytes(n, d, bq, bk, e, causal)
+        expected = reference_tiled_bytes(n, d, bq, bk, e, causal)
         got, crash = call_student(name, fn, n, d, bq, bk, e, causal)
         if crash:
             return failed(name, i, label, crash)

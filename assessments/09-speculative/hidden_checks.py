@@ -10,6 +10,7 @@ from ai_evolution.checks import call_student, failed, passed
 from ai_evolution.checks import speculative as checks
 from ai_evolution.fmt import es_value
 from ai_evolution.grading import hidden, public
+from ai_evolution.reference.speculative import reference_speedup_table
 from ai_evolution.speculative import greedy_accept as reference_greedy_accept
 
 
@@ -90,7 +91,7 @@ def _speedup_edges(fn, raise_on_fail=False):
     cases = [("k_max = 1", 0.5, 0.2, 1), ("α = 0 y borrador gratis: todos empatan", 0.0, 0.0, 5),
              ("α = 1 y borrador gratis", 1.0, 0.0, 7)]
     for i, (label, alpha, c, k_max) in enumerate(cases):
-        want = checks.reference_speedup_table(alpha, c, k_max)
+        want = reference_speedup_table(alpha, c, k_max)
         got, crash = call_student(name, fn, alpha, c, k_max)
         if crash:
             return failed(name, i, label, crash)
