@@ -71,6 +71,10 @@ def test_build_engine_takes_a_config_and_options_replace_its_fields(tiny):
     assert isinstance(kv, KVCacheManager) and (kv.num_blocks, kv.block_size) == (10, 8)
     assert engine.max_model_len == 48 and engine.scheduler.max_num_seqs == 3
     assert build_engine(tiny).max_model_len == tiny.config.max_position_embeddings
+    with pytest.raises(TypeError, match="pase un executor"):
+        build_engine(tiny.config, max_model_len=32)
+    sim = build_engine(tiny.config, max_model_len=32, executor=SimExecutor(tiny.config, COST))
+    assert isinstance(sim.executor, SimExecutor) and sim.max_model_len == 32
 
 
 # --- the geometry check -----------------------------------------------------------------------------

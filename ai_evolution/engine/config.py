@@ -181,6 +181,10 @@ def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None =
     student's pool), used as given. ``token_fn`` and ``victim_fn`` replace the scheduler's token
     split and preemption choice (chapter 5)."""
     config = EngineConfig.of(config, **options)
+    if executor is None and not isinstance(model, Transformer):
+        raise TypeError(f"sin executor=, build_engine necesita el modelo (un Transformer) para "
+                        f"ejecutarlo; se recibió {type(model).__name__} (con un ModelConfig, pase "
+                        "un executor, p. ej. SimExecutor)")
     model_config = model if isinstance(model, ModelConfig) else model.config
     if config.max_model_len is None:
         config = replace(config, max_model_len=model_config.max_position_embeddings)
