@@ -47,7 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_b1 import hf_model_from, ours_step_s  # noqa: E402
 
-from ai_evolution.engine import LLMEngine, ModelRunner, SamplingParams, Scheduler  # noqa: E402
+from ai_evolution.engine import SamplingParams, build_engine  # noqa: E402
 from ai_evolution.hardware import measure_bandwidth, measure_decode_matmul  # noqa: E402
 from ai_evolution.labs.continuous_batching import workload  # noqa: E402
 from ai_evolution.model import load_model  # noqa: E402
@@ -74,9 +74,8 @@ def last_level_cache_bytes() -> int | None:
 # --- the three variants -------------------------------------------------------------------------
 def run_engine(model, policy: str, prompts, lengths, max_num_seqs: int, max_model_len: int):
     """Whole workload through the engine; returns (seconds, outputs, steps)."""
-    engine = LLMEngine(Scheduler(max_num_seqs, max_model_len, policy),
-                       ModelRunner(model, max_num_seqs, max_model_len),
-                       model.config.vocab_size, eos_token_id=None)
+    engine = build_engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, policy=policy,
+                          decode_graphs=None)
     arrivals = [(0.0, p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, lengths)]
     t0 = time.perf_counter()
     reqs = engine.run(arrivals)
@@ -112,8 +111,7 @@ def run_hf(hf, prompts, lengths, width: int):
 def engine_b1(model, prompt, new_tokens: int, max_model_len: int) -> tuple[float, float]:
     """One request alone through the engine: (median decode step s from history, median
     inter-token latency s, which adds the scheduler's and the engine's own bookkeeping)."""
-    engine = LLMEngine(Scheduler(1, max_model_len, "continuous"), ModelRunner(model, 1, max_model_len),
-                       model.config.vocab_size, eos_token_id=None)
+    engine = build_engine(model, max_num_seqs=1, max_model_len=max_model_len, decode_graphs=None)
     (req,) = engine.run([(0.0, prompt, SamplingParams(max_tokens=new_tokens, ignore_eos=True))])
     steps = [h.duration for h in engine.history if h.batch_size == 1 and h.num_tokens == 1]
     return statistics.median(steps), statistics.median(req.itls)

@@ -62,6 +62,7 @@ class PoisonedExecutor:
 
     def __init__(self, inner, marker: int) -> None:
         self.inner, self.marker = inner, marker
+        self.poisoned: set[str] = set()  # ids of the requests whose prompt starts with marker
 
     def now(self):
         return self.inner.now()
@@ -70,6 +71,9 @@ class PoisonedExecutor:
         self.inner.idle_until(t)
 
     def execute(self, out):
-        if any(s.request.prompt_token_ids[0] == self.marker for s in out.scheduled):
+        # the step is a snapshot: a request's first token is in the step that starts at 0
+        self.poisoned |= {s.request_id for s in out.scheduled
+                          if s.start == 0 and s.token_ids[0] == self.marker}
+        if any(s.request_id in self.poisoned for s in out.scheduled):
             raise RuntimeError("fallo simulado del núcleo (device-side assert)")
         return self.inner.execute(out)

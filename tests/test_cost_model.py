@@ -90,5 +90,5 @@ def test_calibration_fits_overhead_and_never_goes_negative():
 
 
 def test_cost_model_rejects_non_positive_machine_numbers():
-    with pytest.raises(ValueError, match="bandwidth"):
+    with pytest.raises(ValueError, match="ancho de banda"):
         RooflineCostModel(0, 1e12)

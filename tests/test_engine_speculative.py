@@ -101,6 +101,6 @@ def test_a_draft_with_another_vocabulary_or_a_bad_k_is_refused_in_spanish(target
     other = random_model(get_preset("tiny-es").replace(vocab_size=100, num_layers=1, name="o"))
     with pytest.raises(ValueError, match="deben compartir tokenizador"):
         build_engine(target, max_num_seqs=2, max_model_len=64, draft_model=other)
-    with pytest.raises(ValueError, match="k .* entero >= 1"):
+    with pytest.raises(ValueError, match="num_speculative_tokens .* entero >= 1"):
         build_engine(target, max_num_seqs=2, max_model_len=64, draft_model=target,
                      num_speculative_tokens=0)

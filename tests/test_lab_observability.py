@@ -251,11 +251,11 @@ def test_progress_bar_counts_finished_requests_and_restores_the_engine():
     items = open_loop_workload(6, 50.0, 8, 3, config.vocab_size, seed=2)
     reqs = run_open_loop(engine, items, progress=True, desc="prueba")
     assert all(r.is_finished for r in reqs)
-    assert "step" not in vars(engine)  # the wrapper is gone: the class's method again
+    assert "step" not in vars(engine) and engine.step_hooks == []  # its hook is gone
     with pytest.raises(RuntimeError):
         with progress_bar(engine, 1, "x"):
             raise RuntimeError("boom")
-    assert "step" not in vars(engine)
+    assert "step" not in vars(engine) and engine.step_hooks == []
 
 
 def test_figures_have_titles_and_units(contract):

@@ -80,8 +80,8 @@ def watch_preemptions(engine: LLMEngine) -> None:
         if out.preempted:
             k = len(out.preempted)
             assert not out.admitted
-            assert out.preempted == before[::-1][:k]
-            assert [r.request_id for r in sched.waiting][:k] == out.preempted[::-1]
+            assert list(out.preempted) == before[::-1][:k]
+            assert [r.request_id for r in sched.waiting][:k] == list(out.preempted[::-1])
         return out
 
     sched._plan_once, sched._watched = schedule, True

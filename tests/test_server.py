@@ -129,13 +129,17 @@ def test_engine_release_forgets_finished_requests_only(tiny):
         engine.release(req.request_id)
     with pytest.raises(KeyError):
         engine.release("no-such-id")
-    while engine.has_unfinished_requests():
+    # a longer request keeps the engine busy: it does not run dry when ``req`` finishes
+    longer = engine.add_request([8, 9], SamplingParams(max_tokens=8, ignore_eos=True))
+    while not req.is_finished:
         engine.step()
     assert engine.release(req.request_id) is req and req.request_id not in engine.requests
     # Still held by the scheduler until it is retired: its id cannot be reused meanwhile.
     with pytest.raises(RequestRejected, match="ya existe"):
         engine.add_request([5], SamplingParams(max_tokens=1), request_id=req.request_id)
-    engine.retire_finished()
+    while engine.has_unfinished_requests():
+        engine.step()  # the next plan retires it; running dry, the engine retires ``longer``
+    assert longer.is_finished
     assert engine.kv_usage()["blocks_used"] == 0 and not engine.scheduler.running
     engine.scheduler.kv.check_invariants()
     assert engine.add_request([5], SamplingParams(max_tokens=1)).request_id != req.request_id

@@ -250,13 +250,13 @@ def test_fit_with_one_batch_size_puts_all_the_overhead_in_the_fixed_term():
 
 
 @pytest.mark.parametrize("costs, times, words", [
-    ([], [], "non-empty"),
-    ("two", [1e-3], "same length"),
-    ("two", [1e-3, 2e-3, 3e-3], "same length"),
+    ([], [], "no pueden estar vacías"),
+    ("two", [1e-3], "misma longitud"),
+    ("two", [1e-3, 2e-3, 3e-3], "misma longitud"),
     ("two", [1e-3, 0.0], "> 0"),
     ("two", [-1e-3, 1e-3], "> 0"),
-    ("two", [1e-3, math.nan], "finite"),
-    ("two", [math.inf, 1e-3], "finite"),
+    ("two", [1e-3, math.nan], "finitos"),
+    ("two", [math.inf, 1e-3], "finitos"),
 ])
 def test_fit_rejects_bad_input(costs, times, words):
     if costs == "two":

@@ -107,7 +107,7 @@ class Watch:
         if budget is not None:
             assert out.num_tokens <= budget, f"step {out.step}: {out.num_tokens} tokens > {budget}"
         for x in out.scheduled:
-            r = x.request
+            r = self.engine.requests[x.request_id]
             assert 1 <= x.num_tokens and x.context_len <= r.num_tokens <= s.max_model_len
             if not chunked:  # a whole prompt (or recompute) at once, or one decode token
                 assert x.context_len == r.num_tokens, f"step {out.step}: partial prompt for {r.request_id}"
@@ -118,8 +118,8 @@ class Watch:
         if k:
             assert not out.admitted, f"step {out.step} preempted {out.preempted} and admitted {out.admitted}"
             expected = b["unfinished"][::-1][:k] if self.victim == "newest" else b["unfinished"][:k]
-            assert out.preempted == expected
-            assert [r.request_id for r in s.waiting][:k] == out.preempted[::-1]  # head, old order
+            assert list(out.preempted) == expected
+            assert [r.request_id for r in s.waiting][:k] == list(out.preempted[::-1])  # head, old order
             for v in out.preempted:
                 r = self.engine.requests[v]
                 assert r.status is RequestStatus.PREEMPTED and r.num_computed_tokens == 0
@@ -127,8 +127,8 @@ class Watch:
                 self.events.append((out.step, v, b["computed"][v], b["outputs"][v], b["tables"][v]))
         # running first (join order), then the admissions (queue order)
         survivors = [rid for rid in b["unfinished"] if rid not in out.preempted]
-        assert [x.request_id for x in out.scheduled] == [rid for rid in survivors if rid in got] + out.admitted
-        assert out.admitted == b["waiting"][:len(out.admitted)]
+        assert [x.request_id for x in out.scheduled] == [rid for rid in survivors if rid in got] + list(out.admitted)
+        assert list(out.admitted) == b["waiting"][:len(out.admitted)]
         if out.admitted:
             left_out = [rid for rid in survivors if rid not in got]
             assert not left_out, f"step {out.step} admitted {out.admitted} before serving {left_out}"
@@ -139,7 +139,7 @@ class Watch:
         for rid in out.admitted:
             x = got[rid]
             if s.kv.prefix_caching:
-                assert x.start % s.kv.block_size == 0 and x.start < x.request.num_tokens
+                assert x.start % s.kv.block_size == 0 and x.start < self.engine.requests[x.request_id].num_tokens
             else:
                 assert x.start == 0
             hit_tokens += x.start
@@ -153,7 +153,7 @@ class Watch:
                 left -= n
             for rid in out.admitted:
                 x = got[rid]
-                n = tokens_for(x.request.num_tokens - x.start, left, chunked)
+                n = tokens_for(self.engine.requests[x.request_id].num_tokens - x.start, left, chunked)
                 assert x.num_tokens == n >= 1, (out.step, rid)
                 left -= n
             # continuous batching over free rows stops admitting only when the budget says so

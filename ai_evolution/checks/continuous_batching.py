@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..engine import LLMEngine, ModelRunner, PolicyError, Request, Scheduler, continuous_batching
+from ..engine import PolicyError, Request, build_engine, continuous_batching
 from ..engine.request import SamplingParams
 from ..fmt import es_sig, es_value
 from ..loadgen import fixed_prompt_workload
@@ -36,8 +36,8 @@ def _policy_cases(seed: int) -> list[tuple[int, list[int], list[int], list[float
 
 def _schedule(policy, width: int, prompts: list[int], outputs: list[int], arrivals: list[float]):
     """Run a workload on the simulator with ``policy``: per step, (admitted, retired, running)."""
-    engine = LLMEngine(Scheduler(width, 64, policy), SimExecutor(TOY_CONFIG, TOY_COST, "fp32"),
-                       TOY_CONFIG.vocab_size)
+    engine = build_engine(TOY_CONFIG, max_num_seqs=width, max_model_len=64, policy=policy,
+                          executor=SimExecutor(TOY_CONFIG, TOY_COST, "fp32"))
     items = [(t, [1] * p, SamplingParams(max_tokens=o, ignore_eos=True))
              for t, p, o in zip(arrivals, prompts, outputs)]
     return [(a, r, [rid for rid, _ in s]) for a, r, s, _ in trace(engine, items)]
@@ -105,7 +105,7 @@ def _same_tokens(fn, model, seed: int) -> str | None:
     items = fixed_prompt_workload(6, 8, outputs, cfg.vocab_size, seed)
     runs = []
     for policy in (continuous_batching, fn):
-        engine = LLMEngine(Scheduler(3, 32, policy), ModelRunner(model, 3, 32), cfg.vocab_size)
+        engine = build_engine(model, max_num_seqs=3, max_model_len=32, policy=policy, decode_graphs=None)
         try:
             runs.append([r.output_token_ids for r in engine.run(items)])
         except Exception as err:  # noqa: BLE001 - a crash of student code is a finding

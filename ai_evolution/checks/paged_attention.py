@@ -6,8 +6,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..engine import (BlockPool, KVCacheManager, LLMEngine, ModelRunner, Request, SamplingParams,
-                      Scheduler, find_cached_prefix, hash_block)
+from ..engine import (BlockPool, KVCacheManager, Request, SamplingParams, build_engine,
+                      find_cached_prefix, hash_block)
 from . import CheckResult, call_student, failed, passed, self_check
 
 
@@ -226,8 +226,7 @@ def _engine_run(model, seed: int, pool_cls=None, prefix_fn=None) -> str | None:
         if student and prefix_fn is not None:
             kw["prefix_fn"] = prefix_fn
         kv = KVCacheManager(14, 4, 48, **kw)
-        engine = LLMEngine(Scheduler(4, 48, "continuous", kv=kv), ModelRunner.for_kv(model, kv),
-                           cfg.vocab_size)
+        engine = build_engine(model, max_num_seqs=4, max_model_len=48, kv=kv, decode_graphs=None)
         try:
             engine.run(items[:1])
             reqs = engine.run(items[1:])

@@ -13,8 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..engine import (KVCacheManager, LLMEngine, ModelRunner, Request, SamplingParams, Scheduler,
-                      tokens_for)
+from ..engine import KVCacheManager, LLMEngine, Request, SamplingParams, build_engine, tokens_for
 from ..engine.request import RequestStatus
 from ..reference.scheduler import VICTIM_RULES, reference_victim
 from ..sim import SimExecutor
@@ -39,11 +38,11 @@ def _workloads(seed: int) -> list[dict]:
 def _engine(case: dict, model=None, **kw) -> tuple[LLMEngine, list]:
     cfg = model.config if model is not None else TOY_CONFIG
     kv = KVCacheManager(case["blocks"], 4, 64, enable_prefix_caching=False)
-    executor = ModelRunner.for_kv(model, kv) if model is not None else SimExecutor(cfg, TOY_COST, "fp32")
-    engine = LLMEngine(Scheduler(case["width"], 64, "continuous", kv=kv,
-                                 max_num_batched_tokens=case["budget"],
-                                 enable_chunked_prefill=case.get("chunked", True), **kw),
-                       executor, cfg.vocab_size)
+    executor = None if model is not None else SimExecutor(cfg, TOY_COST, "fp32")
+    engine = build_engine(model if model is not None else cfg, max_num_seqs=case["width"],
+                          max_model_len=64, max_num_batched_tokens=case["budget"],
+                          enable_chunked_prefill=case.get("chunked", True), decode_graphs=None,
+                          kv=kv, executor=executor, **kw)
     rng = np.random.default_rng(case["budget"])
     items = [(0.0, rng.integers(3, cfg.vocab_size, p).tolist(), SamplingParams(max_tokens=o, ignore_eos=True))
              for p, o in zip(case["prompts"], case["outputs"])]

@@ -45,7 +45,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+            raise ValueError(f"num_blocks y block_size deben ser >= 1; se recibió {num_blocks}, {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
@@ -95,7 +95,7 @@ class BlockPool:
         in the order given (pass a table reversed so that its last blocks are evicted first)."""
         for block in blocks:
             if block.ref_cnt < 1:
-                raise ValueError(f"block {block.block_id} is already free")
+                raise ValueError(f"el bloque {block.block_id} ya está libre: no se puede liberar dos veces")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self._free[block.block_id] = None

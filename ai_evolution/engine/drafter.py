@@ -1,9 +1,10 @@
 """The draft side of speculative decoding in the engine (chapter 9).
 
-After every step, ``DraftProposer.propose`` gives each running greedy request up to ``k`` tokens
-from a small draft model; the scheduler sends them with the request's next decode token, the
-target verifies all of them in that one forward pass, and ``Scheduler.update_from_output``
-accepts the longest agreeing prefix plus the target's next token. The output is the target's
+After every step, ``DraftProposer.propose_drafts`` gives each running greedy request up to
+``num_speculative_tokens`` draft tokens from a small draft model, and the engine hands them to the
+scheduler (``Scheduler.update_draft_token_ids``); the scheduler sends them with the request's next
+decode token, the target verifies all of them in that one forward pass, and
+``Scheduler.update_from_output`` accepts the longest agreeing prefix plus the target's next token. The output is the target's
 greedy output, token for token, whatever the draft proposes: a bad draft only costs speed.
 
 The draft keeps its own KV cache per request (one row of ``max_model_len`` tokens): it writes
@@ -14,12 +15,14 @@ accepted (the rest is recomputed from the real tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
 from ..model.attention import ContiguousKVCache
 from ..model.decoder import Transformer
 from .request import Request
+from .scheduler import check_positive_int
 
 
 @dataclass
@@ -31,15 +34,16 @@ class _DraftState:
 
 
 class DraftProposer:
-    """Greedy proposals of ``k`` tokens from ``draft`` (same tokenizer as the target)."""
+    """Greedy draft tokens, ``num_speculative_tokens`` per step, from ``draft`` (same tokenizer
+    as the target)."""
 
-    def __init__(self, draft: Transformer, k: int, max_model_len: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k (tokens propuestos por paso) debe ser un entero >= 1; se recibió {k!r}")
+    def __init__(self, draft: Transformer, num_speculative_tokens: int, max_model_len: int) -> None:
+        n = num_speculative_tokens
+        check_positive_int("num_speculative_tokens (tokens borrador por paso)", n)
         if max_model_len > draft.config.max_position_embeddings:
             raise ValueError(f"max_model_len={max_model_len} supera las "
                              f"{draft.config.max_position_embeddings} posiciones del modelo borrador")
-        self.draft, self.k, self.max_model_len = draft.eval(), k, max_model_len
+        self.draft, self.num_speculative_tokens, self.max_model_len = draft.eval(), n, max_model_len
         param = next(draft.parameters())
         self.dtype, self.device = param.dtype, param.device
         self._state: dict[str, _DraftState] = {}
@@ -54,9 +58,24 @@ class DraftProposer:
         for rid in [r for r in self._state if r not in keep]:
             del self._state[rid]
 
+    def propose_drafts(self, running: Sequence[Request]) -> dict[str, list[int]]:
+        """Draft tokens for the next step of every running greedy request that is decoding: at
+        most ``num_speculative_tokens``, fewer near its ``max_tokens`` or ``max_model_len``.
+        Forgets the requests that are no longer running."""
+        self.forget({r.request_id for r in running})
+        drafts = {}
+        for r in running:
+            if r.is_finished or not r.sampling_params.greedy or r.num_computed_tokens != r.num_tokens - 1:
+                continue
+            n = min(self.num_speculative_tokens, r.sampling_params.max_tokens - len(r.output_token_ids) - 1,
+                    self.max_model_len - r.num_tokens)
+            if n > 0:
+                drafts[r.request_id] = self.propose(r, n)
+        return drafts
+
     @torch.inference_mode()
-    def propose(self, request: Request, k: int) -> list[int]:
-        """``k`` greedy draft tokens after ``request``'s tokens."""
+    def propose(self, request: Request, num_tokens: int) -> list[int]:
+        """``num_tokens`` greedy draft tokens after ``request``'s tokens."""
         tokens = request.all_token_ids
         st = self._state.get(request.request_id)
         if st is None:
@@ -72,7 +91,7 @@ class DraftProposer:
         feed = tokens[valid:]
         out: list[int] = []
         pos = valid
-        for _ in range(k):
+        for _ in range(num_tokens):
             ids = torch.tensor([feed], device=self.device)
             positions = torch.arange(pos, pos + len(feed), device=self.device)[None]
             hidden = self.draft.hidden_states(ids, positions, kv_cache=st.cache)

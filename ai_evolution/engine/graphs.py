@@ -10,7 +10,7 @@ is rewritten for that:
 - inputs are copied into static buffers (token ids, positions, slot mapping, block tables);
 - attention reads each request's whole block table (``max_model_len`` tokens) and masks the keys
   past its position, instead of cutting at the longest request of the step (a shape that changes);
-- padding rows write their K/V into a scratch block that no request owns, and attend to it.
+- padding entries write their K/V into a scratch block that no request owns, and attend to it.
 
 Prefill, chunked and speculative steps stay eager (their shapes vary with the prompts). The same
 static step runs without capture with ``backend="eager"``: that is how the CPU checks the padding,
@@ -47,7 +47,7 @@ class DecodeGraphs:
     (for the CPU).
 
     ``cache`` must have one block more than the KV manager hands out: the last one is the scratch
-    block of the padding rows.
+    block of the padding entries.
     """
 
     def __init__(self, model, cache, max_batch: int, max_model_len: int, backend: str = "cuda") -> None:
@@ -78,7 +78,7 @@ class DecodeGraphs:
             self.capture_all()
 
     def capture_all(self) -> None:
-        """Capture every size now, on dummy rows (token 0 at position 0 in the scratch block), as
+        """Capture every size now, on dummy entries (token 0 at position 0 in the scratch block), as
         vLLM and nano-vllm do when the engine starts: no step that is being timed pays for a
         capture. Largest first, so the smaller graphs reuse the pool's memory."""
         try:
@@ -96,7 +96,7 @@ class DecodeGraphs:
     def covers(self, out) -> bool:
         """Whether the step is a pure decode step these buffers can take."""
         return (self.disabled is None and 0 < len(out.scheduled) <= self.sizes[-1]
-                and all(s.num_tokens == 1 and not s.draft_tokens for s in out.scheduled))
+                and all(s.num_tokens == 1 and not s.draft_token_ids for s in out.scheduled))
 
     def hidden_states(self, out) -> Tensor:
         """Final hidden states ``[n, hidden]`` of the step's ``n`` decode tokens, in order."""
@@ -109,8 +109,8 @@ class DecodeGraphs:
             pos.append(s.start)
             block.append(s.block_ids[s.start // bs])
             offset.append(s.start % bs)
-            row = list(s.block_ids[:self.max_blocks])
-            tables.append(row + [self.scratch] * (self.max_blocks - len(row)))
+            table = list(s.block_ids[:self.max_blocks])
+            tables.append(table + [self.scratch] * (self.max_blocks - len(table)))
         dev = self.ids.device
         self.ids.zero_()
         self.pos.zero_()
@@ -136,7 +136,7 @@ class DecodeGraphs:
                                         attn_fn=attn)
 
     def _capture(self, size: int) -> None:
-        # One eager run first (on the dummy rows: it writes only the scratch block), so that
+        # One eager run first (on the dummy entries: it writes only the scratch block), so that
         # lazy initialisations happen outside the capture.
         self._forward(size)
         torch.cuda.synchronize()
@@ -149,7 +149,7 @@ class DecodeGraphs:
 
 
 class _StaticDecodeAttention:
-    """``attn_fn`` of the static decode step: one token per row, every row reading its whole block
+    """``attn_fn`` of the static decode step: one token per entry, every entry reading its whole block
     table (``length`` keys) with the keys past its position masked. Shapes never depend on the
     values in the buffers."""
 

@@ -111,7 +111,7 @@ class ContiguousKVManager:
 
     def __init__(self, num_rows: int, max_model_len: int) -> None:
         if num_rows < 1 or max_model_len < 2:
-            raise ValueError(f"need num_rows >= 1 and max_model_len >= 2, got {num_rows}, {max_model_len}")
+            raise ValueError(f"num_rows debe ser >= 1 y max_model_len >= 2; se recibió {num_rows}, {max_model_len}")
         self.num_rows = num_rows
         self.max_model_len = max_model_len
         self._free = list(range(num_rows))  # kept sorted: the lowest free row is taken first
@@ -194,8 +194,8 @@ class KVCacheManager:
                  prefix_fn=find_cached_prefix) -> None:
         self.pool = pool if pool is not None else BlockPool(num_blocks, block_size)
         if (self.pool.num_blocks, self.pool.block_size) != (num_blocks, block_size):
-            raise ValueError(f"the pool has {self.pool.num_blocks} blocks of {self.pool.block_size} "
-                             f"tokens; expected {num_blocks} of {block_size}")
+            raise ValueError(f"el pool tiene {self.pool.num_blocks} bloques de {self.pool.block_size} "
+                             f"tokens y el gestor espera {num_blocks} de {block_size}: deben coincidir")
         self.prefix_fn = prefix_fn
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -231,7 +231,12 @@ class KVCacheManager:
         if not self.prefix_caching or request.request_id in self.tables:
             return [], 0
         hits = list(self.prefix_fn(request.all_token_ids, self.block_size, self.pool))
-        return hits, len(hits) * self.block_size
+        return hits, self.tokens_in(hits)
+
+    def tokens_in(self, computed_blocks: Sequence[KVBlock]) -> int:
+        """The prompt tokens that cached blocks hold: the one place that count is decided
+        (``get_computed_blocks`` reports it, ``allocate_slots`` starts after it)."""
+        return len(computed_blocks) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        computed_blocks: Sequence[KVBlock] = ()) -> list[int] | None:
@@ -241,7 +246,7 @@ class KVCacheManager:
         rid = request.request_id
         table = self.tables.get(rid, [])
         hits = list(computed_blocks) if not table else []
-        computed = request.num_computed_tokens if table else len(hits) * self.block_size
+        computed = request.num_computed_tokens if table else self.tokens_in(hits)
         need = -(-(computed + num_new_tokens) // self.block_size) - len(table) - len(hits)
         # a hit on a free block takes it from the free queue: count it against what is free
         free_hits = sum(1 for b in hits if b.ref_cnt == 0)
@@ -250,7 +255,7 @@ class KVCacheManager:
         self.pool.touch(hits)
         new = self.pool.allocate(max(0, need)) or []
         if table == [] and hits:
-            self.hit_tokens += len(hits) * self.block_size
+            self.hit_tokens += self.tokens_in(hits)
         if not table:
             self.queried_tokens += request.num_prompt_tokens
         self.tables[rid] = table + hits + new

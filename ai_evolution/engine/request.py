@@ -199,9 +199,10 @@ class Request(TimingRecord):
     finish_reason: FinishReason | None = None
     error: str | None = None  # why it failed (finish_reason ERROR)
     num_preemptions: int = 0
-    # Speculative decoding (chapter 9): the draft's proposals for the next step, and how many
-    # were verified and accepted so far (their ratio is the acceptance rate).
-    spec_token_ids: list[int] = field(default_factory=list)
+    # Speculative decoding (chapter 9): the draft tokens for the next step (set by the scheduler,
+    # ``update_draft_token_ids``), and how many were verified and accepted so far (their ratio is
+    # the acceptance rate).
+    draft_token_ids: list[int] = field(default_factory=list)
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     # Timing record, in the executor's clock (seconds).
@@ -209,7 +210,6 @@ class Request(TimingRecord):
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
-    generator: torch.Generator | None = field(default=None, repr=False)
     # The stop tokens (stop_token_ids, plus EOS unless ignore_eos), set by __post_init__.
     stop_token_set: frozenset[int] = field(init=False, repr=False, default=frozenset())
 
@@ -224,6 +224,14 @@ class Request(TimingRecord):
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids_between(self, start: int, stop: int) -> list[int]:
+        """``all_token_ids[start:stop]``, without building the whole list (a decode step reads
+        one token)."""
+        n = len(self.prompt_token_ids)
+        if start >= n:
+            return self.output_token_ids[start - n:stop - n]
+        return self.prompt_token_ids[start:stop] + self.output_token_ids[:max(0, stop - n)]
 
     @property
     def is_finished(self) -> bool:

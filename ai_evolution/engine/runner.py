@@ -1,6 +1,6 @@
 """The model runner: executes one ``SchedulerOutput`` on the real model.
 
-Every scheduled request contributes its new tokens to a single flat row of ``N`` tokens, so the
+Every scheduled request contributes its new tokens to a single flat batch of ``N`` tokens, so the
 linear layers (QKV, MLP, lm_head) run once over all of them: that is where batching pays, because
 the weights are read once per step for everybody. Attention cannot be shared that way (each
 request has its own past), so it is split per request, which is Orca's *selective batching*:
@@ -33,7 +33,7 @@ from ..model.decoder import Transformer
 from ..model.kv_quant import check_kv_dtype
 from ..model.sampling import pick_tokens
 from .graphs import GRAPH_BACKENDS, DecodeGraphs
-from .scheduler import SchedulerOutput
+from .step import ScheduledRequest, SchedulerOutput, StepResult
 
 
 class BlockKVCache:
@@ -77,19 +77,21 @@ class ModelRunner:
         self.model = model.eval()
         self.device, self.dtype = param.device, param.dtype
         if block_size > model.config.max_position_embeddings:
-            raise ValueError(f"max_model_len={block_size} exceeds the model's "
-                             f"max_position_embeddings={model.config.max_position_embeddings}")
+            raise ValueError(f"block_size={block_size} supera las "
+                             f"{model.config.max_position_embeddings} posiciones del modelo "
+                             "(max_position_embeddings)")
         if decode_graphs == "auto":
             decode_graphs = "cuda" if self.device.type == "cuda" else None
         if decode_graphs not in (None, *GRAPH_BACKENDS):
             raise ValueError(f"decode_graphs={decode_graphs!r} no es válido; aceptados: 'auto', "
                              f"{', '.join(repr(b) for b in GRAPH_BACKENDS)} o None")
         self.block_size = block_size
-        # With decode graphs, one block more: the scratch block the padding rows write into.
+        # With decode graphs, one block more: the scratch block the padding entries write into.
         self.cache = BlockKVCache(model.config, num_blocks + (decode_graphs is not None), block_size,
                                   dtype=self.dtype, device=self.device, kv_dtype=kv_dtype)
         self.graphs = None if decode_graphs is None else DecodeGraphs(
             model, self.cache, max_num_seqs, max_model_len or block_size, backend=decode_graphs)
+        self.generators: dict[str, torch.Generator] = {}  # request id -> its sampling generator
         self._t0 = time.perf_counter()
 
     @classmethod
@@ -100,7 +102,25 @@ class ModelRunner:
         pure decode steps on a GPU, none on the CPU), ``"cuda"``, ``"eager"`` (the graphs' static
         padded step without capture: how the CPU checks it) or None (eager steps only)."""
         return cls(model, kv.num_blocks, kv.block_size, kv_dtype, decode_graphs, max_num_seqs,
-                   max_model_len)
+                   max_model_len or getattr(kv, "max_model_len", None))
+
+    def check_kv(self, kv, max_model_len: int) -> None:
+        """Refuse (Spanish ``ValueError``) a scheduler whose KV manager places tokens in a
+        cache other than this runner's: another number of blocks or block size (another layout),
+        or requests longer than the model's positions or the decode graphs' block tables."""
+        num_blocks = self.cache.num_blocks - (self.graphs is not None)  # (the scratch block)
+        if (kv.num_blocks, kv.block_size) != (num_blocks, self.block_size):
+            raise ValueError(f"el ejecutor tiene una caché de {num_blocks} bloques de "
+                             f"{self.block_size} tokens y el gestor de KV del planificador reparte "
+                             f"{kv.num_blocks} bloques de {kv.block_size}: deben coincidir (cree el "
+                             "ejecutor con ModelRunner.for_kv(modelo, kv), o use build_engine)")
+        limit = self.model.config.max_position_embeddings
+        if self.graphs is not None:
+            limit = min(limit, self.graphs.max_blocks * self.block_size)
+        if max_model_len > limit:
+            raise ValueError(f"el planificador admite peticiones de hasta {max_model_len} tokens "
+                             f"(max_model_len) y el ejecutor solo puede con {limit}: cree el "
+                             "ejecutor con el mismo max_model_len")
 
     # --- clock (the engine reads every timestamp from its executor) ------------------------------
     def now(self) -> float:
@@ -114,46 +134,45 @@ class ModelRunner:
 
     # --- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[str, int | Exception]:
-        """Run the step's tokens; return the sampled token of every request that completed its
-        pending tokens (all of them, until chapter 5 splits prompts into chunks), or the
-        exception its sampling raised. A request that verifies k draft tokens (greedy) gets the
-        target's argmax at each of its last k + 1 positions, a list."""
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        """Run the step's tokens. The result holds the sampled token of every request whose
+        pending tokens the step completed (all of them, until chapter 5 splits prompts into
+        chunks), or the exception its sampling raised; a request that verifies k draft tokens
+        (greedy) gets the target's argmax at each of its last k + 1 positions."""
+        for request_id in out.finished_req_ids:
+            self.generators.pop(request_id, None)
         if self.graphs is not None and self.graphs.covers(out):
             hidden = self.graphs.hidden_states(out)[None]                  # [1, n, hidden]
             last = list(range(len(out.scheduled)))
         else:
             hidden, last = self._eager_hidden_states(out)
-        samples = [s for s in out.scheduled if s.samples]
+        samples = [(s, i) for s, i in zip(out.scheduled, last) if s.samples]
         if not samples:
             synchronize(self.device)
-            return {}
-        rows = []  # each sampling request's last 1 + k positions in the flat row
-        for s, i in zip(out.scheduled, last):
-            if s.samples:
-                rows += range(i - len(s.draft_tokens), i + 1)
-        logits = self.model.logits(hidden[0, rows]).float()               # [n, V]
+            return StepResult()
+        # each sampling request's last 1 + k positions among the step's tokens
+        positions = [p for s, i in samples for p in range(i - len(s.draft_token_ids), i + 1)]
+        logits = self.model.logits(hidden[0, positions]).float()          # [n, V]
         best = logits.argmax(dim=-1).tolist()
-        out_tokens: dict[str, int | list[int] | Exception] = {}
-        ends = []  # index in ``rows`` of each sampling request's last position
-        for s in samples:
-            start = ends[-1] + 1 if ends else 0
-            ends.append(start + len(s.draft_tokens))
-            out_tokens[s.request_id] = best[start:ends[-1] + 1] if s.draft_tokens else best[ends[-1]]
-        logits = logits[ends]                                              # [n_samples, V]
-        for j, s in enumerate(samples):
-            p = s.request.sampling_params
-            if not p.greedy:
-                try:  # one request's sampling can fail without failing the others'
-                    out_tokens[s.request_id] = int(pick_tokens(
-                        logits[j:j + 1], p.temperature, p.top_k, p.top_p,
-                        self._generator(s.request))[0])
-                except Exception as err:  # noqa: BLE001 - reported as that request's error
-                    out_tokens[s.request_id] = err
-        return out_tokens
+        sampled: dict[str, tuple[int, ...]] = {}
+        errors: dict[str, BaseException] = {}
+        end = 0
+        for s, _ in samples:
+            begin, end = end, end + 1 + len(s.draft_token_ids)
+            p = s.sampling_params
+            if p.greedy:
+                sampled[s.request_id] = tuple(best[begin:end])
+                continue
+            try:  # one request's sampling can fail without failing the others'
+                sampled[s.request_id] = (int(pick_tokens(logits[end - 1:end], p.temperature, p.top_k,
+                                                         p.top_p, self._generator(s))[0]),)
+            except Exception as err:  # noqa: BLE001 - reported as that request's error
+                errors[s.request_id] = err
+        return StepResult(sampled, errors)
 
     def _eager_hidden_states(self, out: SchedulerOutput) -> tuple[Tensor, list[int]]:
-        """Hidden states ``[1, N, hidden]`` of the step's flat row, and each request's last index."""
+        """Hidden states ``[1, N, hidden]`` of the step's ``N`` tokens (every request's, one
+        after the other), and the index of each request's last token among them."""
         ids, pos, blocks, offsets, last = [], [], [], [], []
         bs = self.block_size
         for s in out.scheduled:
@@ -170,19 +189,21 @@ class ModelRunner:
                                    torch.tensor(offsets, device=dev), bs)
         return self.model.hidden_states(ids_t, pos_t, kv_cache=self.cache, attn_fn=attn), last
 
-    def _generator(self, request) -> torch.Generator:
-        if request.generator is None:
-            g = torch.Generator(device=self.device)
-            if request.sampling_params.seed is None:
+    def _generator(self, s: ScheduledRequest) -> torch.Generator:
+        """The request's sampling generator, created (and seeded) at its first sample and kept
+        until it finishes (``SchedulerOutput.finished_req_ids``)."""
+        g = self.generators.get(s.request_id)
+        if g is None:
+            g = self.generators[s.request_id] = torch.Generator(device=self.device)
+            if s.sampling_params.seed is None:
                 g.seed()
             else:
-                g.manual_seed(request.sampling_params.seed)
-            request.generator = g
-        return request.generator
+                g.manual_seed(s.sampling_params.seed)
+        return g
 
 
 class _SelectiveAttention:
-    """``attn_fn`` for the flat row: gathers and masks built once per step, reused by every layer."""
+    """``attn_fn`` for the flat batch: gathers and masks built once per step, reused by every layer."""
 
     def __init__(self, out: SchedulerOutput, block_of_token: Tensor, offset_of_token: Tensor,
                  block_size: int) -> None:
@@ -218,12 +239,12 @@ class _SelectiveAttention:
                 # and those blocks are close together: read their range through a view; blocks
                 # in the range that are not decoding get a dummy query that sees key 0 only,
                 # dropped afterwards.
-                rows = first - lo
+                entries = first - lo  # each decode's entry in the block range
                 mask = torch.zeros(hi - lo + 1, 1, 1, length, dtype=torch.bool, device=dev)
                 mask[..., 0] = True
-                mask[rows, 0, 0] = torch.arange(length, device=dev)[None] <= pos[:, None]
-                self.decode = (idx, rows, slice(lo, hi + 1), length, mask)
-                # Every token of the step is a decode token and the rows are the range itself,
+                mask[entries, 0, 0] = torch.arange(length, device=dev)[None] <= pos[:, None]
+                self.decode = (idx, entries, slice(lo, hi + 1), length, mask)
+                # Every token of the step is a decode token and the entries are the range itself,
                 # in order (always at batch 1): queries and outputs are views, nothing to scatter.
                 self.dense = not self.prefills and firsts == list(range(lo, hi + 1))
             else:
@@ -240,7 +261,7 @@ class _SelectiveAttention:
         # q [1, H, N, D]; k_new, v_new [1, Hkv, N, D]; caches [num_blocks, Hkv, block_size, D]
         write_slots(k_cache, v_cache, self.block_of_token, self.offset_of_token, k_new, v_new)
         if self.decode is not None:
-            idx, rows, where, length, mask = self.decode
+            idx, entries, where, length, mask = self.decode
             if isinstance(where, slice):   # one block each: a view of the block range
                 kd, vd = k_cache[where, :, :length], v_cache[where, :, :length]
             else:                          # paged: gather each request's blocks
@@ -250,9 +271,9 @@ class _SelectiveAttention:
         out = torch.empty_like(q)
         if self.decode is not None:
             qd = q.new_zeros(kd.shape[0], q.shape[1], 1, q.shape[3])
-            qd[rows] = q[0, :, idx].transpose(0, 1)[:, :, None]
+            qd[entries] = q[0, :, idx].transpose(0, 1)[:, :, None]
             od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=True)
-            out[0, :, idx] = od[rows][:, :, 0].transpose(0, 1)
+            out[0, :, idx] = od[entries][:, :, 0].transpose(0, 1)
         for a, b, blocks, p0 in self.prefills:
             length = p0 + b - a
             if isinstance(blocks, int):  # one block: a view
@@ -270,7 +291,7 @@ class _SelectiveAttention:
 
 
 def _offsets(out: SchedulerOutput) -> list[int]:
-    """Index of each scheduled request's first token in the flat row."""
+    """Index of each scheduled request's first token in the flat batch."""
     offs, n = [], 0
     for s in out.scheduled:
         offs.append(n)

@@ -1,9 +1,11 @@
 """The scheduler decides *what* runs at each step; an executor runs it.
 
 At every step the scheduler asks its **policy** which requests leave the batch and which join
-it, applies that plan to the KV cache (freeing and reserving rows), and hands the executor a
-``SchedulerOutput``: which requests run and how many tokens each. The same object drives the
-real model (``engine.runner.ModelRunner``) and the simulator (``sim.executor.SimExecutor``).
+it, applies that plan to the KV cache (freeing and reserving blocks), and hands the executor a
+``SchedulerOutput``: a frozen snapshot of which requests run, with their tokens, positions and
+blocks (``engine/step.py``). The same object drives the real model (``engine.runner.ModelRunner``)
+and the simulator (``sim.executor.SimExecutor``); their ``StepResult`` comes back to
+``update_from_output``, and only the scheduler writes the requests' state.
 
 Policies are plain functions ``policy(running, waiting, max_num_seqs) -> BatchPlan``:
 
@@ -25,8 +27,8 @@ comes with the chunk that completes the prompt.
 
 Retirement: a request leaves the batch (and frees its KV) when the policy retires it, which
 for static batching is only when its whole batch has finished. ``retire_finished()`` is the end
-of the work: every finished request leaves, whatever the policy (``LLMEngine.run`` and
-``LLM.generate`` call it when nothing is left to run).
+of the work: every finished request leaves, whatever the policy (the engine calls it when nothing
+is left to run).
 
 Memory: the plan's admissions are applied in order while the KV cache can hold them (the rest
 keep waiting, first come first served). With paged KV a running request may find no block for
@@ -38,6 +40,7 @@ first-come-first-served priority). A step that preempts admits nobody.
 
 from __future__ import annotations
 
+import numbers
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
@@ -45,6 +48,7 @@ from typing import Callable, Sequence
 from ..speculative import greedy_accept
 from .kv_cache import ContiguousKVManager, KVManager
 from .request import FinishReason, Request, RequestStatus
+from .step import ScheduledRequest, SchedulerOutput, StepResult
 
 
 class PolicyError(ValueError):
@@ -90,68 +94,32 @@ def resolve_policy(policy: str | Policy) -> tuple[str, Policy]:
     return policy, POLICIES[policy]
 
 
-@dataclass(frozen=True)
-class ScheduledRequest:
-    """One request in this step: compute ``num_tokens`` tokens starting at position ``start``,
-    whose K/V go to the blocks of ``block_ids`` (its whole block table). The last
-    ``len(draft_tokens)`` of them are a draft model's proposals (speculative decoding), verified
-    in this same forward pass."""
-
-    request: Request
-    block_ids: tuple[int, ...]
-    start: int
-    num_tokens: int
-    draft_tokens: tuple[int, ...] = ()
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def first_block(self) -> int:
-        """The first block: with the contiguous layout, the request's KV row."""
-        return self.block_ids[0]
-
-    @property
-    def token_ids(self) -> list[int]:
-        own = self.num_tokens - len(self.draft_tokens)
-        return self.request.all_token_ids[self.start:self.start + own] + list(self.draft_tokens)
-
-    @property
-    def samples(self) -> bool:
-        """Whether this step completes the request's pending tokens (so it yields a token)."""
-        return self.start + self.num_tokens - len(self.draft_tokens) == self.request.num_tokens
-
-    @property
-    def is_prefill(self) -> bool:
-        return self.start < self.request.num_prompt_tokens
-
-    @property
-    def context_len(self) -> int:
-        """Tokens in the cache once this step has run."""
-        return self.start + self.num_tokens
+def check_positive_int(name: str, value, allow_none: bool = False) -> None:
+    """``value`` must be an integer >= 1 (or None, with ``allow_none``): a Spanish
+    ``ValueError`` otherwise."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} debe ser un entero >= 1{' o None' if allow_none else ''}; "
+                         f"se recibió {value!r}")
 
 
-@dataclass
-class SchedulerOutput:
-    """One step's plan: what runs (``scheduled``), who joined, left or was preempted to make it,
-    and who holds KV after it (finished requests still in the batch too)."""
+def check_token_budget(max_num_batched_tokens: int | None, max_model_len: int,
+                       enable_chunked_prefill: bool) -> None:
+    """The step's token budget must be None or an integer >= 1, and, without chunked prefill,
+    hold the longest prompt (a Spanish ``ValueError`` otherwise)."""
+    budget = max_num_batched_tokens
+    check_positive_int("max_num_batched_tokens", budget, allow_none=True)
+    if budget is not None and not enable_chunked_prefill and budget < max_model_len:
+        raise ValueError(f"sin prefill troceado, max_num_batched_tokens ({budget}) debe ser >= "
+                         f"max_model_len ({max_model_len}): si no, un prompt largo no cabría "
+                         "nunca en un paso; suba el presupuesto o active enable_chunked_prefill")
 
-    step: int
-    scheduled: list[ScheduledRequest]
-    admitted: list[str]
-    retired: list[str]
-    holders: dict[str, int]  # every request holding KV after the plan -> its first block
-    num_blocks: int
-    preempted: list[str] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+def step_error(step: int, err: BaseException, limit: int = 300) -> str:
+    """The Spanish message of a request whose part of step ``step`` raised ``err``."""
+    text = f"la petición falló en el paso {step}: {type(err).__name__}: {err}"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def tokens_for(want: int, budget: float, chunked: bool) -> int:
@@ -177,16 +145,9 @@ class Scheduler:
                  kv: KVManager | None = None,
                  max_num_batched_tokens: int | None = None,
                  enable_chunked_prefill: bool = False, token_fn=None, victim_fn=None) -> None:
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs debe ser un entero >= 1; se recibió {max_num_seqs!r}")
-        budget = max_num_batched_tokens
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-            raise ValueError(f"max_num_batched_tokens debe ser un entero >= 1 o None; se recibió {budget!r}")
-        if budget is not None and not enable_chunked_prefill and budget < max_model_len:
-            raise ValueError(f"sin prefill troceado, max_num_batched_tokens ({budget}) debe ser >= "
-                             f"max_model_len ({max_model_len}): si no, un prompt largo no cabría "
-                             "nunca en un paso; suba el presupuesto o active enable_chunked_prefill")
-        self.max_num_batched_tokens = budget
+        check_positive_int("max_num_seqs", max_num_seqs)
+        check_token_budget(max_num_batched_tokens, max_model_len, enable_chunked_prefill)
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         # Plug-ins for the chapter 5 exercises: token_fn(want, budget, chunked) -> tokens, and
         # victim_fn(running) -> the request to preempt.
@@ -201,6 +162,7 @@ class Scheduler:
         self._step = 0
         self.num_preemptions = 0
         self.preempted_tokens = 0  # computed tokens thrown away by preemption (to recompute)
+        self._finished_ids: set[str] = set()  # finished since the last step handed out
 
     # --- queue ---------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -250,6 +212,14 @@ class Scheduler:
             self.kv.free(r)
         return done
 
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+        """The draft tokens of every running request for its next step (speculative decoding;
+        as vLLM v1's method of the same name): request id -> tokens, none for a request not
+        named. They ride along with the request's next decode token if the token budget and the
+        memory allow, and are verified in that same forward pass."""
+        for r in self.running:
+            r.draft_token_ids = list(draft_token_ids.get(r.request_id, ()))
+
     # --- one step ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Plan the next step (see ``_plan_once``). A plan that changes the batch (retires or
@@ -265,11 +235,17 @@ class Scheduler:
             retired += out.retired
             preempted += out.preempted
             if not out.is_empty or not (out.retired or out.preempted):
-                return replace(out, retired=retired, preempted=preempted)
+                break
+        finished = frozenset(self._finished_ids)
+        if not out.is_empty:  # the executor hears of them with the next step it runs
+            self._finished_ids.clear()
+        return replace(out, retired=tuple(retired), preempted=tuple(preempted),
+                       finished_req_ids=finished)
 
     def _plan_once(self) -> SchedulerOutput:
         """Apply the policy's plan, find KV for every running request's new tokens (preempting
-        the newest running requests if memory is short), admit what fits, and list the work."""
+        the newest running requests if memory is short), admit what fits, and take a snapshot
+        of the work."""
         running, waiting = list(self.running), list(self.waiting)
         plan = self.policy(tuple(running), tuple(waiting), self.max_num_seqs)
         self._check_plan(plan, running, waiting)
@@ -278,10 +254,9 @@ class Scheduler:
             self.kv.free(r)
         budget = self.max_num_batched_tokens if self.max_num_batched_tokens is not None else float("inf")
         preempted: list[Request] = []
-        work: dict[str, int] = {}  # request id -> tokens to compute this step
+        work: dict[str, tuple[int, list[int]]] = {}  # request id -> (its tokens, draft tokens)
         # Running requests first, oldest first: each takes what it needs from the token budget
-        # (a prefill chunk, or one decode token).
-        drafts: dict[str, list[int]] = {}  # request id -> draft tokens verified this step
+        # (a prefill chunk, or one decode token and the draft tokens that fit).
         for r in list(self.running):
             if r.is_finished or r in preempted:
                 continue
@@ -289,52 +264,80 @@ class Scheduler:
             n = self._tokens(pending, budget)
             if n == 0:
                 continue
-            # A draft's proposals ride along with a decode token if the budget and the memory
-            # allow; they never cost a preemption.
-            spec = r.spec_token_ids[:max(0, int(min(budget - n, len(r.spec_token_ids))))] \
-                if n == pending else []
-            if spec and self.kv.allocate_slots(r, n + len(spec)) is not None:
-                work[r.request_id] = n + len(spec)
-                drafts[r.request_id] = spec
-                budget -= n + len(spec)
-                continue
-            while self.kv.allocate_slots(r, n) is None:
-                victim = self.victim_fn(tuple(self.running))
-                # by identity: a Request compares equal to a copy of itself, and preempting a
-                # copy would take the real request out of the batch and lose it
-                if not any(victim is x for x in self.running) or victim.is_finished:
-                    raise PolicyError(f"la víctima elegida ({getattr(victim, 'request_id', victim)!r}) "
-                                      "no es una petición en curso sin terminar")
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is r:
-                    break
+            drafts = self._reserve_with_drafts(r, n, budget) if n == pending else []
+            if not drafts:
+                preempted += self._reserve_or_preempt(r, n)
             if r in self.running:
-                work[r.request_id] = n
-                budget -= n
-        admitted = []
-        if not preempted:  # a step that had to preempt admits nobody
-            for r in plan.admit:
-                cached_blocks, cached_tokens = self.kv.get_computed_blocks(r)
-                n = self._tokens(r.num_tokens - cached_tokens, budget)
-                if n == 0 or self.kv.allocate_slots(r, n, cached_blocks) is None:
-                    break  # FCFS: the rest wait behind it
-                r.num_computed_tokens = cached_tokens  # the prefix the cache already holds
-                self.waiting.remove(r)
-                self.running.append(r)
-                r.status = RequestStatus.RUNNING
-                admitted.append(r)
-                work[r.request_id] = n
-                budget -= n
-        scheduled = [ScheduledRequest(r, tuple(self.kv.block_table(r.request_id)), r.num_computed_tokens,
-                                      work[r.request_id], tuple(drafts.get(r.request_id, ())))
-                     for r in self.running if r.request_id in work]
-        out = SchedulerOutput(self._step, scheduled, [r.request_id for r in admitted],
-                              [r.request_id for r in plan.retire], self.kv.holders, self.kv.num_blocks,
-                              [r.request_id for r in preempted])
+                work[r.request_id] = (n, drafts)
+                budget -= n + len(drafts)
+        # a step that had to preempt admits nobody
+        admitted = [] if preempted else self._admit(plan.admit, budget, work)
+        scheduled = tuple(self._snapshot(r, *work[r.request_id])
+                          for r in self.running if r.request_id in work)
+        out = SchedulerOutput(self._step, scheduled, tuple(r.request_id for r in admitted),
+                              tuple(r.request_id for r in plan.retire), self.kv.holders,
+                              self.kv.num_blocks, tuple(r.request_id for r in preempted))
         if scheduled:
             self._step += 1
         return out
+
+    def _reserve_with_drafts(self, r: Request, n: int, budget: float) -> list[int]:
+        """The draft tokens that ride along with a decode token, with KV reserved for both: as
+        many as the budget leaves room for, or none when memory is short (drafts never cost a
+        preemption)."""
+        drafts = r.draft_token_ids[:max(0, int(min(budget - n, len(r.draft_token_ids))))]
+        if not drafts:
+            return []
+        new_blocks = self.kv.allocate_slots(r, n + len(drafts))
+        return [] if new_blocks is None else drafts
+
+    def _reserve_or_preempt(self, r: Request, n: int) -> list[Request]:
+        """KV for ``n`` more tokens of ``r``, preempting the victims ``victim_fn`` names until
+        it fits (or until ``r`` itself is the victim). Returns the preempted requests."""
+        preempted: list[Request] = []
+        new_blocks = self.kv.allocate_slots(r, n)
+        while new_blocks is None:
+            victim = self.victim_fn(tuple(self.running))
+            # by identity: a Request compares equal to a copy of itself, and preempting a
+            # copy would take the real request out of the batch and lose it
+            if not any(victim is x for x in self.running) or victim.is_finished:
+                raise PolicyError(f"la víctima elegida ({getattr(victim, 'request_id', victim)!r}) "
+                                  "no es una petición en curso sin terminar")
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is r:
+                break
+            new_blocks = self.kv.allocate_slots(r, n)
+        return preempted
+
+    def _admit(self, candidates: Sequence[Request], budget: float,
+               work: dict[str, tuple[int, list[int]]]) -> list[Request]:
+        """Admit the plan's candidates in order while the budget and the KV cache hold them
+        (first come, first served: the rest wait behind the first that does not fit). A prompt
+        prefix already in the cache is not computed again: the KV manager finds it, and that
+        count is the request's computed tokens."""
+        admitted = []
+        for r in candidates:
+            cached_blocks, num_cached_tokens = self.kv.get_computed_blocks(r)
+            n = self._tokens(r.num_tokens - num_cached_tokens, budget)
+            new_blocks = None if n == 0 else self.kv.allocate_slots(r, n, cached_blocks)
+            if new_blocks is None:
+                break
+            r.num_computed_tokens = num_cached_tokens
+            self.waiting.remove(r)
+            self.running.append(r)
+            r.status = RequestStatus.RUNNING
+            admitted.append(r)
+            work[r.request_id] = (n, [])
+            budget -= n
+        return admitted
+
+    def _snapshot(self, r: Request, n: int, drafts: list[int]) -> ScheduledRequest:
+        """What the executor needs of ``r`` for this step, as values."""
+        start = r.num_computed_tokens
+        return ScheduledRequest(r.request_id, tuple(r.token_ids_between(start, start + n)) + tuple(drafts),
+                                start, tuple(self.kv.block_table(r.request_id)), r.num_prompt_tokens,
+                                r.sampling_params, start + n == r.num_tokens, tuple(drafts))
 
     def _tokens(self, want: int, budget: float) -> int:
         n = self.token_fn(want, budget, self.enable_chunked_prefill)
@@ -352,37 +355,45 @@ class Scheduler:
         self.preempted_tokens += r.num_computed_tokens
         r.num_preemptions += 1
         r.num_computed_tokens = 0
-        r.spec_token_ids = []
+        r.draft_token_ids = []
         r.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(r)
 
-    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int | list[int]],
+    def update_from_output(self, output: SchedulerOutput, result: StepResult, start: float,
                            now: float) -> list[Request]:
-        """Record the step's new tokens at time ``now``; return the requests that finished.
+        """Record the step ``output`` that ran from ``start`` to ``now``: a request whose part
+        failed finishes with its error; the others append their new tokens and finish on a stop
+        token or their length. Returns the requests that got a token or an error, in step order.
 
         A request that verified draft tokens gets the target's token at each of the k + 1
         verified positions: the longest prefix of drafts the target agrees with is accepted, plus
         the target's next token (``speculative.greedy_accept``); the K/V of rejected drafts are
         forgotten (``num_computed_tokens`` stops before them) and their surplus blocks freed."""
-        finished = []
+        by_id = {r.request_id: r for r in self.running}
+        updated = []
         for s in output.scheduled:
-            r = s.request
-            if r.is_finished:  # failed during the step (``fail_request``): nothing to record
+            r = by_id[s.request_id]
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = start
+            if s.request_id in result.errors:
+                self.fail_request(r, step_error(output.step, result.errors[s.request_id]), now)
+                updated.append(r)
                 continue
-            k = len(s.draft_tokens)
+            k = len(s.draft_token_ids)
             r.num_computed_tokens = s.context_len - k
-            r.spec_token_ids = []
-            if r.num_computed_tokens < r.num_tokens:  # a prompt chunk that samples nothing
+            r.draft_token_ids = []
+            if not s.samples:  # a prompt chunk that samples nothing
                 self.kv.cache_full_blocks(r)
                 continue
+            sampled = result.sampled_token_ids[s.request_id]
             if k:
-                accepted, nxt = greedy_accept(s.draft_tokens, sampled[r.request_id])
-                new = [*s.draft_tokens[:accepted], nxt]
+                accepted, nxt = greedy_accept(s.draft_token_ids, sampled)
+                new = [*s.draft_token_ids[:accepted], nxt]
                 r.num_computed_tokens += accepted  # their K/V were computed on the right prefix
                 r.num_draft_tokens += k
                 r.num_accepted_tokens += accepted
             else:
-                new = [sampled[r.request_id]]
+                new = [sampled[0]]
             for token in new:
                 self._append(r, token, now)
                 if r.is_finished:
@@ -391,9 +402,8 @@ class Scheduler:
             if k:
                 self.kv.trim(r, r.num_computed_tokens)
             self.kv.cache_full_blocks(r)
-            if r.is_finished:
-                finished.append(r)
-        return finished
+            updated.append(r)
+        return updated
 
     def _append(self, r: Request, token: int, now: float) -> None:
         r.output_token_ids.append(token)
@@ -405,11 +415,11 @@ class Scheduler:
         elif len(r.output_token_ids) >= r.sampling_params.max_tokens or r.num_tokens >= self.max_model_len:
             self._finish(r, FinishReason.LENGTH, now)
 
-    @staticmethod
-    def _finish(r: Request, reason: FinishReason, now: float) -> None:
+    def _finish(self, r: Request, reason: FinishReason, now: float) -> None:
         r.status = RequestStatus.FINISHED
         r.finish_reason = reason
         r.finish_time = now
+        self._finished_ids.add(r.request_id)
 
     def _check_plan(self, plan, running: list[Request], waiting: list[Request]) -> None:
         """Refuse a plan that would lose a request, duplicate one or overfill the batch."""

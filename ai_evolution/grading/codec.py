@@ -43,7 +43,7 @@ ALLOWED_TYPES = frozenset({
     "ai_evolution.engine.request:Request",
     "ai_evolution.engine.request:RequestOutput",
     "ai_evolution.engine.scheduler:BatchPlan",
-    "ai_evolution.engine.scheduler:ScheduledRequest",
+    "ai_evolution.engine.step:ScheduledRequest",
     "ai_evolution.engine.block_pool:KVBlock",
     "ai_evolution.engine.block_pool:BlockPool",
     "ai_evolution.metrics:RequestMetrics",

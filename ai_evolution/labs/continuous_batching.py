@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .. import claims
-from ..engine import LLMEngine, ModelRunner, Request, Scheduler, StepRecord
+from ..engine import ModelRunner, Request, StepRecord, build_engine
 from ..fmt import es
 from ..hardware import get_device_spec, measure_bandwidth
 from ..loadgen import WorkItem, capped_exponential_lengths, fixed_prompt_workload
@@ -71,8 +71,8 @@ def _runner(model, width: int, max_model_len: int) -> ModelRunner:
 def serve(model, items: list[WorkItem], policy, max_num_seqs: int, max_model_len: int
           ) -> tuple[list[Request], list[StepRecord], float]:
     """Run ``items`` through a fresh engine on ``model``: requests, step history, wall seconds."""
-    engine = LLMEngine(Scheduler(max_num_seqs, max_model_len, policy),
-                       _runner(model, max_num_seqs, max_model_len), model.config.vocab_size)
+    engine = build_engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len, policy=policy,
+                          executor=_runner(model, max_num_seqs, max_model_len))
     start = time.perf_counter()
     requests = engine.run(items)
     return requests, engine.history, time.perf_counter() - start
@@ -168,8 +168,8 @@ def serve_widths(model, workloads: dict[str, list[WorkItem]], widths: list[int],
     for name, items in workloads.items():
         totals[name] = sum(i.params.max_tokens for i in items)
         for b in widths:
-            engine = LLMEngine(Scheduler(b, max_model_len, policy),
-                               _runner(model, b, max_model_len), model.config.vocab_size)
+            engine = build_engine(model, max_num_seqs=b, max_model_len=max_model_len, policy=policy,
+                                  executor=_runner(model, b, max_model_len))
             for item in items:
                 engine.add_request(item.prompt_token_ids, item.params, arrival_time=engine.now())
             engines[name, b] = engine

@@ -52,7 +52,6 @@ def serve_tracked(engine: LLMEngine, items: list[WorkItem]) -> dict:
         reserved.append(u["reserved_token_slots"])
         batch.append(engine.history[-1].batch_size)
     wall = time.perf_counter() - start
-    engine.retire_finished()
     reqs = list(engine.requests.values())
     return {"wall_s": wall, "steps": len(engine.history), "mean_utilization": float(np.mean(util)),
             "peak_batch": max(batch), "mean_batch": float(np.mean(batch)),

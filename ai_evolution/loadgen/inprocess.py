@@ -20,32 +20,25 @@ from .workload import WorkItem
 
 @contextmanager
 def progress_bar(engine, total: int, desc: str, enabled: bool = True) -> Iterator[None]:
-    """While the block runs, a tqdm bar counts ``engine``'s finished requests out of ``total``.
-
-    It wraps the engine's ``step`` for the duration of the block (``engine.run`` and
-    ``closed_loop`` both call ``engine.step()``, so the instance attribute takes precedence) and
-    restores it afterwards. ``enabled=False`` does nothing.
-    """
+    """While the block runs, a tqdm bar counts ``engine``'s finished requests out of ``total``
+    (a hook in ``engine.step_hooks``, removed afterwards). ``enabled=False`` does nothing."""
     if not enabled:
         yield
         return
     from tqdm import tqdm
 
     bar = tqdm(total=total, desc=desc, unit="pet", leave=False, mininterval=0.5)
-    step = engine.step
 
-    def counted_step():
-        outputs = step()
+    def count_finished(record, outputs) -> None:
         done = sum(1 for o in outputs if o.finished)
         if done:
             bar.update(done)
-        return outputs
 
-    engine.step = counted_step
+    engine.step_hooks.append(count_finished)
     try:
         yield
     finally:
-        del engine.step  # back to the class's method
+        engine.step_hooks.remove(count_finished)
         bar.close()
 
 

@@ -1,7 +1,8 @@
 """``python -m ai_evolution.server --model tiny-es --port 8000``: the OpenAI-compatible server.
 
 Flags name the engine's knobs (``--max-num-seqs``, ``--kv-layout``, ``--num-blocks``,
-``--block-size``, ``--max-model-len``...) and the admission bound ``--max-waiting``. Point any
+``--block-size``, ``--max-model-len``, ``--speculative-model``...; they make the engine's
+``EngineConfig``) and the admission bound ``--max-waiting``. Point any
 OpenAI client at ``http://HOST:PORT/v1``.
 """
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import torch
 import uvicorn
 
-from ..engine.llm import KV_LAYOUTS, LLM
+from ..engine.config import KV_LAYOUTS, EngineConfig, SpeculativeConfig
+from ..engine.llm import LLM
 from ..model.hub import looks_like_hub_id
 from ..model.tokenizer import shipped_names
 from .app import create_app
@@ -53,6 +55,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu o cuda (por defecto cpu)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="sin grafos CUDA en los pasos de decodificación (en GPU van con ellos)")
+    p.add_argument("--speculative-model", default=None,
+                   help="modelo borrador de la decodificación especulativa (p. ej. tiny-es-draft; "
+                        "por defecto, sin ella); mismo tokenizador que --model")
+    p.add_argument("--num-speculative-tokens", type=int, default=4,
+                   help="tokens borrador por paso con --speculative-model (por defecto 4)")
     p.add_argument("--threads", type=int, default=None,
                    help="hilos de PyTorch en CPU (torch.set_num_threads)")
     p.add_argument("--log-level", default="info",
@@ -70,6 +77,19 @@ def served_name(model: str, explicit: str | None = None) -> str:
     return Path(model).name
 
 
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine's settings that the flags name."""
+    spec = None
+    if args.speculative_model is not None:
+        spec = SpeculativeConfig(args.speculative_model, args.num_speculative_tokens)
+    return EngineConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                        kv_layout=args.kv_layout, block_size=args.block_size,
+                        num_blocks=args.num_blocks, enable_prefix_caching=not args.no_prefix_caching,
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        enable_chunked_prefill=args.enable_chunked_prefill, speculative_config=spec,
+                        decode_graphs=None if args.enforce_eager else "auto")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if args.threads is not None:
@@ -78,13 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     if tokenizer is None and args.model not in shipped_names():
         folder = Path(args.model)
         tokenizer = folder if (folder / "tokenizer.json").is_file() else None
-    llm = LLM(args.model, tokenizer=tokenizer, max_num_seqs=args.max_num_seqs,
-              max_model_len=args.max_model_len, kv_layout=args.kv_layout,
-              block_size=args.block_size, num_blocks=args.num_blocks,
-              enable_prefix_caching=not args.no_prefix_caching,
-              max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_chunked_prefill=args.enable_chunked_prefill, device=args.device,
-              enforce_eager=args.enforce_eager)
+    llm = LLM(args.model, tokenizer=tokenizer, device=args.device, config=engine_config(args))
     name = served_name(args.model, args.served_model_name)
     app = create_app(llm.engine, llm.tokenizer, model_name=name, max_waiting=args.max_waiting)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,

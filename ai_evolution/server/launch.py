@@ -25,7 +25,7 @@ def _engine_and_tokenizer(llm_or_engine, tokenizer):
     if tokenizer is None:
         tokenizer = getattr(llm_or_engine, "tokenizer", None)
     if not hasattr(engine, "step") or not hasattr(engine, "add_request"):
-        raise TypeError(f"expected an LLM or an LLMEngine; got {type(llm_or_engine).__name__}")
+        raise TypeError(f"se esperaba un LLM o un LLMEngine; se recibió {type(llm_or_engine).__name__}")
     return engine, tokenizer
 
 

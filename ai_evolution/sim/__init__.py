@@ -1,5 +1,6 @@
-"""The simulator: the roofline cost model (shared with the roofline chapter) and an executor
-that replays the engine's own scheduler on simulated time."""
+"""The simulator: the roofline cost model of a step (shared with the roofline chapter), the
+speculation economics built on it (``speculation``), and an executor that replays the engine's
+own scheduler on simulated time."""
 
 from .cost_model import (RooflineCostModel, StepCost, arithmetic_intensity, decode_step_cost,
                          departure_batch, efficiency, fit_cost_model, matmul_params, ridge_point,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..engine.step import SchedulerOutput, StepResult
 from ..model import ModelConfig
 from ..model.memory import parse_weight_format, quantized_weight_bytes
 from .cost_model import RooflineCostModel, step_cost
@@ -50,25 +51,26 @@ class SimExecutor:
                                                      self.dtype, self.kv_dtype,
                                                      weight_format=self.weight_format))
 
-    def execute(self, out) -> dict[str, int]:
+    def execute(self, out: SchedulerOutput) -> StepResult:
         dt = self.step_time_s([s.num_tokens for s in out.scheduled],
                               [s.context_len for s in out.scheduled])
         self.clock += dt
         self.step_times.append(dt)
-        return {s.request_id: SIM_TOKEN for s in out.scheduled
-                if s.context_len == s.request.num_tokens}
+        return StepResult({s.request_id: (SIM_TOKEN,) * (1 + len(s.draft_token_ids))
+                           for s in out.scheduled if s.samples})
 
 
 def sim_engine(config: ModelConfig, cost_model: RooflineCostModel, max_num_seqs: int,
                max_model_len: int, policy="continuous", dtype: str | torch.dtype = "bf16", kv=None,
                max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = False,
                weight_format: str | None = None):
-    """An ``LLMEngine`` whose scheduler is the real one and whose executor is simulated
-    (``kv``: the scheduler's KV manager; default, contiguous rows; ``weight_format``: the
-    weights are quantized, as in ``cost_model.step_cost``)."""
-    from ..engine import LLMEngine, Scheduler
-    return LLMEngine(Scheduler(max_num_seqs, max_model_len, policy, kv=kv,
-                               max_num_batched_tokens=max_num_batched_tokens,
-                               enable_chunked_prefill=enable_chunked_prefill),
-                     SimExecutor(config, cost_model, dtype, weight_format=weight_format),
-                     config.vocab_size)
+    """An ``LLMEngine`` whose scheduler is the real one and whose executor is simulated: the
+    builder's engine with a ``SimExecutor`` (``kv``: the scheduler's KV manager; default,
+    contiguous rows; ``weight_format``: the weights are quantized, as in
+    ``cost_model.step_cost``)."""
+    from ..engine.config import EngineConfig, build_engine
+    engine_config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, policy=policy,
+                                 max_num_batched_tokens=max_num_batched_tokens,
+                                 enable_chunked_prefill=enable_chunked_prefill)
+    return build_engine(config, engine_config, kv=kv,
+                        executor=SimExecutor(config, cost_model, dtype, weight_format=weight_format))

@@ -1,0 +1,213 @@
+"""How an engine is configured, and the one builder that assembles it.
+
+``EngineConfig`` gathers every setting of the engine under vLLM's names (``max_num_seqs``,
+``max_model_len``, ``max_num_batched_tokens``, ``block_size``, ``enable_prefix_caching``,
+``enable_chunked_prefill``, ``kv_cache_dtype``, ``speculative_config``...). It is frozen and
+checked once, when it is made: an invalid value raises a Spanish ``ValueError`` naming the
+accepted ones. ``build_engine(model, config)`` turns it into an ``LLMEngine``: a scheduler with its
+KV manager, and an executor (the real ``ModelRunner`` by default; a lab passes ``executor=``, as
+the simulator does, to show the seam). ``LLM``, the server's command line and ``sim_engine`` all
+build through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import torch
+
+from ..model.checkpoint import load_pretrained
+from ..model.config import ModelConfig
+from ..model.decoder import Transformer
+from ..model.kv_quant import check_kv_dtype
+from ..model.tokenizer import shipped_names
+from .drafter import DraftProposer
+from .graphs import GRAPH_BACKENDS
+from .kv_cache import ContiguousKVManager, KVCacheManager, KVManager
+from .llm_engine import Executor, LLMEngine
+from .runner import ModelRunner
+from .scheduler import POLICIES, Policy, Scheduler, check_positive_int, check_token_budget
+
+KV_LAYOUTS = ("contiguous", "paged")
+DECODE_GRAPHS = ("auto", *GRAPH_BACKENDS, None)
+SPECULATIVE_METHODS = ("draft_model",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (chapter 9): ``model`` proposes ``num_speculative_tokens`` draft
+    tokens per step for every greedy request, and the target verifies them in one forward pass
+    (``method="draft_model"``, the only one). ``model`` is a ``Transformer`` or anything ``LLM``
+    accepts as a model (a shipped name such as ``"tiny-es-draft"``, a folder, a Hub id)."""
+
+    model: Transformer | str | Path
+    num_speculative_tokens: int = 4
+    method: str = "draft_model"
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"method={self.method!r} no está soportado; aceptados: "
+                             f"{', '.join(SPECULATIVE_METHODS)}")
+        check_positive_int("num_speculative_tokens (tokens borrador por paso)",
+                           self.num_speculative_tokens)
+        if not isinstance(self.model, (Transformer, str, Path)):
+            raise ValueError(f"el modelo borrador debe ser un Transformer, el nombre de un modelo "
+                             f"incluido ({', '.join(shipped_names())}), una carpeta o un id del "
+                             f"Hub; se recibió {type(self.model).__name__}")
+
+    @classmethod
+    def of(cls, value) -> "SpeculativeConfig | None":
+        """A ``SpeculativeConfig`` from itself, a dict of its fields (as vLLM's
+        ``speculative_config={"model": ..., "num_speculative_tokens": ...}``) or None."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = set(value) - {f.name for f in fields(cls)}
+            if unknown:
+                raise ValueError(f"speculative_config no acepta {sorted(unknown)}; aceptados: "
+                                 f"{', '.join(f.name for f in fields(cls))}")
+            return cls(**value)
+        raise ValueError("speculative_config debe ser un SpeculativeConfig, un dict con sus campos "
+                         f"(model, num_speculative_tokens, method) o None; se recibió "
+                         f"{type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every setting of an engine, checked once when made.
+
+    ``max_num_seqs``: the batch width. ``max_model_len``: the longest request (None: the model's
+    maximum, filled in by ``build_engine``). ``policy``: ``"continuous"``, ``"static"`` or a
+    policy function. ``kv_layout="contiguous"``: one ``max_model_len`` row per request
+    (``max_num_seqs`` rows); ``"paged"``: ``num_blocks`` blocks of ``block_size`` tokens (default:
+    the same memory as the contiguous rows), with prefix caching unless
+    ``enable_prefix_caching=False``. ``max_num_batched_tokens`` caps the tokens of a step;
+    ``enable_chunked_prefill`` splits prompts that do not fit into chunks (chapter 5).
+    ``kv_cache_dtype="int8"``: the KV tensors are stored as int8 with a scale per token and head
+    (chapter 7). ``speculative_config``: speculative decoding (chapter 9). ``decode_graphs``:
+    ``"auto"`` captures pure decode steps as CUDA graphs on a GPU and does nothing on the CPU,
+    None turns them off, ``"eager"`` runs their static padded step without capture.
+    """
+
+    max_num_seqs: int = 8
+    max_model_len: int | None = None
+    policy: str | Policy = "continuous"
+    kv_layout: str = "contiguous"
+    block_size: int = 16
+    num_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = False
+    kv_cache_dtype: str | None = None
+    speculative_config: SpeculativeConfig | None = None
+    decode_graphs: str | None = "auto"
+
+    # Older keyword names, still accepted by ``build_engine`` and ``LLM``.
+    ALIASES = {"kv_dtype": "kv_cache_dtype"}
+
+    def __post_init__(self) -> None:
+        check_positive_int("max_num_seqs", self.max_num_seqs)
+        check_positive_int("max_model_len", self.max_model_len, allow_none=True)
+        check_positive_int("block_size", self.block_size)
+        check_positive_int("num_blocks", self.num_blocks, allow_none=True)
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout {self.kv_layout!r} desconocido; aceptados: {', '.join(KV_LAYOUTS)}")
+        if not callable(self.policy) and self.policy not in POLICIES:
+            raise ValueError(f"política {self.policy!r} desconocida; aceptadas: {', '.join(POLICIES)} "
+                             f"o una función policy(running, waiting, max_num_seqs) -> BatchPlan")
+        if self.max_model_len is not None:
+            check_token_budget(self.max_num_batched_tokens, self.max_model_len,
+                               self.enable_chunked_prefill)
+        check_kv_dtype(self.kv_cache_dtype)
+        if self.decode_graphs not in DECODE_GRAPHS:
+            raise ValueError(f"decode_graphs={self.decode_graphs!r} no es válido; aceptados: "
+                             f"{', '.join(repr(b) for b in DECODE_GRAPHS)}")
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.of(self.speculative_config))
+
+    @classmethod
+    def of(cls, config: "EngineConfig | None" = None, **options) -> "EngineConfig":
+        """``config`` (default: ``EngineConfig()``) with ``options`` replaced: its field names,
+        ``kv_dtype`` (= ``kv_cache_dtype``), ``enforce_eager=True`` (= ``decode_graphs=None``),
+        and ``draft_model`` with ``num_speculative_tokens`` (= a ``speculative_config``)."""
+        config = cls() if config is None else config
+        names = {f.name for f in fields(cls)}
+        changes = {cls.ALIASES.get(k, k): v for k, v in options.items()}
+        if changes.pop("enforce_eager", False):
+            changes["decode_graphs"] = None
+        draft = changes.pop("draft_model", None)
+        num_draft = changes.pop("num_speculative_tokens", None)
+        if draft is not None:
+            changes["speculative_config"] = SpeculativeConfig(draft, 4 if num_draft is None else num_draft)
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise TypeError(f"opciones desconocidas para el motor: {', '.join(unknown)}; aceptadas: "
+                            f"{', '.join(sorted(names | set(cls.ALIASES)))}, enforce_eager, "
+                            "draft_model, num_speculative_tokens")
+        return replace(config, **changes) if changes else config
+
+    def kv_manager(self) -> KVManager:
+        """The scheduler's KV manager for this layout (``max_model_len`` must be known)."""
+        if self.kv_layout == "contiguous":
+            return ContiguousKVManager(self.max_num_seqs, self.max_model_len)
+        num_blocks = self.num_blocks
+        if num_blocks is None:  # the same memory as the contiguous rows
+            num_blocks = self.max_num_seqs * -(-self.max_model_len // self.block_size)
+        return KVCacheManager(num_blocks, self.block_size, self.max_model_len, self.enable_prefix_caching)
+
+
+def load_model(model, dtype: torch.dtype | None = None,
+               device: str | torch.device | None = None) -> Transformer:
+    """``model`` itself if it is a ``Transformer``; else the checkpoint it names."""
+    if isinstance(model, Transformer):
+        return model
+    if isinstance(model, (str, Path)):
+        return load_pretrained(model, dtype=dtype or torch.float32, device=device or "cpu")
+    raise TypeError(f"model debe ser un Transformer, el nombre de un modelo incluido "
+                    f"({', '.join(shipped_names())}), una carpeta de checkpoint o un id del Hub "
+                    f"(organización/nombre); se recibió {type(model).__name__}")
+
+
+def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None = None, *,
+                 executor: Executor | None = None, kv: KVManager | None = None,
+                 eos_token_id: int | None = None, token_fn=None, victim_fn=None,
+                 **options) -> LLMEngine:
+    """The engine ``config`` describes (``options``: settings that replace the config's, see
+    ``EngineConfig.of``), on ``model``.
+
+    By default the executor is a ``ModelRunner`` on ``model`` (a ``Transformer``); a lab passes
+    its own ``executor`` (for example the simulator's, and then ``model`` may be just a
+    ``ModelConfig``). ``kv``: a ready KV manager (for example a ``KVCacheManager`` with a
+    student's pool), used as given. ``token_fn`` and ``victim_fn`` replace the scheduler's token
+    split and preemption choice (chapter 5)."""
+    config = EngineConfig.of(config, **options)
+    if executor is None and not isinstance(model, Transformer):
+        raise TypeError(f"sin executor=, build_engine necesita el modelo (un Transformer) para "
+                        f"ejecutarlo; se recibió {type(model).__name__} (con un ModelConfig, pase "
+                        "un executor, p. ej. SimExecutor)")
+    model_config = model if isinstance(model, ModelConfig) else model.config
+    if config.max_model_len is None:
+        config = replace(config, max_model_len=model_config.max_position_embeddings)
+    if executor is None and config.max_model_len > model_config.max_position_embeddings:
+        raise ValueError(f"max_model_len={config.max_model_len} supera las "
+                         f"{model_config.max_position_embeddings} posiciones del modelo")
+    kv = config.kv_manager() if kv is None else kv
+    scheduler = Scheduler(config.max_num_seqs, config.max_model_len, config.policy, kv=kv,
+                          max_num_batched_tokens=config.max_num_batched_tokens,
+                          enable_chunked_prefill=config.enable_chunked_prefill,
+                          token_fn=token_fn, victim_fn=victim_fn)
+    drafter = None
+    spec = config.speculative_config
+    if spec is not None:
+        param = next(model.parameters())
+        drafter = DraftProposer(load_model(spec.model, param.dtype, param.device),
+                                spec.num_speculative_tokens, config.max_model_len)
+        drafter.check_target(model)
+    if executor is None:
+        executor = ModelRunner.for_kv(model, kv, config.kv_cache_dtype, decode_graphs=config.decode_graphs,
+                                      max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len)
+    return LLMEngine(scheduler, executor, model_config.vocab_size, eos_token_id, drafter)
+
+
+__all__ = ["DECODE_GRAPHS", "EngineConfig", "KV_LAYOUTS", "SpeculativeConfig", "build_engine",
+           "load_model"]
