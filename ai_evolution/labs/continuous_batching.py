@@ -114,7 +114,8 @@ def fastest_steps(histories: list[list[StepRecord]]) -> tuple[list[StepRecord], 
     first = histories[0]
     for h in histories[1:]:
         if _shape(h) != _shape(first):
-            raise ValueError("the repeated runs did not schedule the same steps")
+            raise ValueError("las repeticiones no planificaron los mismos pasos: el planificador debe "
+                             "dar la misma secuencia de pasos con la misma semilla")
     durations = np.min(np.array([[s.duration for s in h] for h in histories]), axis=0)
     return first, [float(d) for d in durations]
 

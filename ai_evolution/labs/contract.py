@@ -65,7 +65,7 @@ def _get_path(obj: dict, path: str) -> Any:
     cur: Any = obj
     for part in path.split("."):
         if not isinstance(cur, dict) or part not in cur:
-            raise KeyError(f"volatile field {path!r} does not exist in the contract")
+            raise KeyError(f"el campo volátil {path!r} no existe en el contrato")
         cur = cur[part]
     return cur
 
