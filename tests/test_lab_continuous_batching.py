@@ -234,7 +234,7 @@ def test_fastest_steps_takes_each_steps_fastest_run_and_rejects_other_schedules(
     history, durations = fastest_steps(runs)
     assert history is runs[0] and durations == pytest.approx([0.010, 0.002])
     other = runs + [[_record(0, 0, 0.01, [4]), _record(1, 0, 0.01, [1])]]
-    with pytest.raises(ValueError, match="same steps"):
+    with pytest.raises(ValueError, match="mismos pasos"):
         fastest_steps(other)
 
 
