@@ -89,13 +89,9 @@ def check_block_pool(cls: type, seed: int = 0, model=None, raise_on_fail: bool =
                               f"{_describe(_state(ref))} y su pool tiene "
                               f"{_describe(_state(mine))}.",
                               _pool_hint(op[0], _state(ref), _state(mine)))
-    detail = ""
-    if model is not None:
-        problem = _engine_run(model, seed, pool_cls=cls)
-        if problem:
-            return failed(name, len(cases), "motor real con su pool", problem)
-        detail = "En el motor real sirve los mismos tokens que la referencia."
-    return passed(name, len(cases) + (model is not None), detail)
+    return _in_the_engine(name, len(cases), model, seed, "motor real con su pool",
+                          "En el motor real sirve los mismos tokens que la referencia.",
+                          pool_cls=cls)
 
 
 def _blocks(ids) -> str:
@@ -170,13 +166,9 @@ def check_prefix_lookup(fn: Callable, seed: int = 0, model=None, raise_on_fail: 
     result = prefix_lookup_result(name, fn, cases)
     if not result.passed:
         return result
-    detail = ""
-    if model is not None:
-        problem = _engine_run(model, seed, prefix_fn=fn)
-        if problem:
-            return failed(name, len(cases), "motor real con su búsqueda", problem)
-        detail = "En el motor real da los mismos tokens y los mismos aciertos que la referencia."
-    return passed(name, len(cases) + (model is not None), detail)
+    return _in_the_engine(name, len(cases), model, seed, "motor real con su búsqueda",
+                          "En el motor real da los mismos tokens y los mismos aciertos que la "
+                          "referencia.", prefix_fn=fn)
 
 
 def prefix_lookup_result(name: str, fn: Callable, cases: list[tuple[int, BlockPool, list[int]]]
@@ -209,6 +201,18 @@ def _prefix_hint(n: int, bs: int, expected: list, got: list) -> str:
     return ("el hash de un bloque encadena el del bloque anterior (el primero no tiene anterior), "
             "así que un bloque solo coincide si todo lo que va antes coincide: un hash calculado con "
             "los tokens del bloque solos, o con otro encadenamiento, no está en la caché.")
+
+
+def _in_the_engine(name: str, num_cases: int, model, seed: int, label: str, detail: str,
+                   **piece) -> CheckResult:
+    """After ``num_cases`` passed cases: with a ``model``, the student's ``piece`` (``pool_cls``
+    or ``prefix_fn``) serves the engine's workload too (one more case, ``label``)."""
+    if model is None:
+        return passed(name, num_cases, "")
+    problem = _engine_run(model, seed, **piece)
+    if problem:
+        return failed(name, num_cases, label, problem)
+    return passed(name, num_cases + 1, detail)
 
 
 def _engine_run(model, seed: int, pool_cls=None, prefix_fn=None) -> str | None:
