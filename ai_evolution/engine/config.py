@@ -22,6 +22,7 @@ from ..model.config import ModelConfig
 from ..model.decoder import Transformer
 from ..model.kv_quant import check_kv_dtype
 from ..model.tokenizer import shipped_names
+from .batch_invariant import BatchInvariantKernels, DefaultKernels
 from .drafter import DraftProposer
 from .graphs import GRAPH_BACKENDS
 from .kv_cache import ContiguousKVManager, KVCacheManager, KVManager
@@ -88,6 +89,9 @@ class EngineConfig:
     (chapter 7). ``speculative_config``: speculative decoding (chapter 9). ``decode_graphs``:
     ``"auto"`` captures pure decode steps as CUDA graphs on a GPU and does nothing on the CPU,
     None turns them off, ``"eager"`` runs their static padded step without capture.
+    ``batch_invariant=True``: kernels whose result for one request does not depend on the batch
+    around it (chapter 10, ``engine/batch_invariant.py``; vLLM's ``VLLM_BATCH_INVARIANT=1``):
+    the same logits, bit for bit, whatever the batch, at a cost in speed; every step eager.
     """
 
     max_num_seqs: int = 8
@@ -102,6 +106,7 @@ class EngineConfig:
     kv_cache_dtype: str | None = None
     speculative_config: SpeculativeConfig | None = None
     decode_graphs: str | None = "auto"
+    batch_invariant: bool = False
 
     # Older keyword names, still accepted by ``build_engine`` and ``LLM``.
     ALIASES = {"kv_dtype": "kv_cache_dtype"}
@@ -123,6 +128,13 @@ class EngineConfig:
         if self.decode_graphs not in DECODE_GRAPHS:
             raise ValueError(f"decode_graphs={self.decode_graphs!r} no es válido; aceptados: "
                              f"{', '.join(repr(b) for b in DECODE_GRAPHS)}")
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant debe ser True o False; se recibió "
+                             f"{self.batch_invariant!r} ({type(self.batch_invariant).__name__})")
+        if self.batch_invariant and self.decode_graphs in GRAPH_BACKENDS:
+            raise ValueError(f"decode_graphs={self.decode_graphs!r} no es compatible con "
+                             "batch_invariant=True (el modo ejecuta cada paso sin grafos); use "
+                             "decode_graphs='auto' o None")
         object.__setattr__(self, "speculative_config", SpeculativeConfig.of(self.speculative_config))
 
     @classmethod
@@ -171,7 +183,7 @@ def load_model(model, dtype: torch.dtype | None = None,
 def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None = None, *,
                  executor: Executor | None = None, kv: KVManager | None = None,
                  eos_token_id: int | None = None, token_fn=None, victim_fn=None,
-                 **options) -> LLMEngine:
+                 kernels: DefaultKernels | None = None, **options) -> LLMEngine:
     """The engine ``config`` describes (``options``: settings that replace the config's, see
     ``EngineConfig.of``), on ``model``.
 
@@ -179,8 +191,15 @@ def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None =
     its own ``executor`` (for example the simulator's, and then ``model`` may be just a
     ``ModelConfig``). ``kv``: a ready KV manager (for example a ``KVCacheManager`` with a
     student's pool), used as given. ``token_fn`` and ``victim_fn`` replace the scheduler's token
-    split and preemption choice (chapter 5)."""
+    split and preemption choice (chapter 5). ``kernels``: the runner's kernel set (default:
+    ``BatchInvariantKernels()`` with ``batch_invariant=True``, the usual ones otherwise); chapter
+    10 passes ``BatchInvariantKernels(linear=...)`` with a student's matmul."""
     config = EngineConfig.of(config, **options)
+    if kernels is None:
+        kernels = BatchInvariantKernels() if config.batch_invariant else DefaultKernels()
+    elif config.batch_invariant and not kernels.batch_invariant:
+        raise ValueError(f"batch_invariant=True necesita núcleos invariantes al lote; se recibió "
+                         f"{type(kernels).__name__} (use BatchInvariantKernels)")
     if executor is None and not isinstance(model, Transformer):
         raise TypeError(f"sin executor=, build_engine necesita el modelo (un Transformer) para "
                         f"ejecutarlo; se recibió {type(model).__name__} (con un ModelConfig, pase "
@@ -205,7 +224,8 @@ def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None =
         drafter.check_target(model)
     if executor is None:
         executor = ModelRunner.for_kv(model, kv, config.kv_cache_dtype, decode_graphs=config.decode_graphs,
-                                      max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len)
+                                      max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+                                      kernels=kernels)
     return LLMEngine(scheduler, executor, model_config.vocab_size, eos_token_id, drafter)
 
 

@@ -32,6 +32,7 @@ from ..model.attention import (decode_attention, gather_blocks, kv_storage_nbyte
 from ..model.decoder import Transformer
 from ..model.kv_quant import check_kv_dtype
 from ..model.sampling import pick_tokens
+from .batch_invariant import DefaultKernels, InvariantAttention, check_device
 from .graphs import GRAPH_BACKENDS, DecodeGraphs
 from .step import ScheduledRequest, SchedulerOutput, StepResult
 
@@ -67,15 +68,30 @@ class ModelRunner:
 
     ``ModelRunner(model, num_blocks, block_size)``; for the contiguous layout of chapter 3 that is
     ``(model, max_num_seqs, max_model_len)``: one block per request. ``for_kv(model, kv)``
-    sizes it from the scheduler's KV manager.
+    sizes it from the scheduler's KV manager. ``kernels``: the kernel set of the forward pass
+    (``DefaultKernels``, or ``BatchInvariantKernels`` for chapter 10's batch-invariant mode, which
+    runs every step eagerly). ``on_logits(request_id, logits)``, when set, receives the float32
+    logits each step computed for each sampling request (``[1 + k, V]``): how tests and chapter
+    10's lab compare them bit for bit.
     """
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int,
                  kv_dtype: str | None = None, decode_graphs: str | None = None,
-                 max_num_seqs: int = 1, max_model_len: int | None = None) -> None:
+                 max_num_seqs: int = 1, max_model_len: int | None = None,
+                 kernels: DefaultKernels | None = None) -> None:
         param = next(model.parameters())
         self.model = model.eval()
         self.device, self.dtype = param.device, param.dtype
+        self.kernels = DefaultKernels() if kernels is None else kernels
+        self.on_logits = None
+        if self.kernels.batch_invariant:
+            check_device(self.device)
+            if decode_graphs == "auto":
+                decode_graphs = None  # graphs pad the batch: the mode runs every step eagerly
+            elif decode_graphs is not None:
+                raise ValueError(f"decode_graphs={decode_graphs!r} no es compatible con el modo "
+                                 "invariante al lote (batch_invariant=True), que ejecuta cada paso "
+                                 "sin grafos; use decode_graphs='auto' o None")
         if block_size > model.config.max_position_embeddings:
             raise ValueError(f"block_size={block_size} supera las "
                              f"{model.config.max_position_embeddings} posiciones del modelo "
@@ -97,12 +113,13 @@ class ModelRunner:
     @classmethod
     def for_kv(cls, model: Transformer, kv, kv_dtype: str | None = None, *,
                decode_graphs: str | None = None, max_num_seqs: int = 1,
-               max_model_len: int | None = None) -> "ModelRunner":
+               max_model_len: int | None = None,
+               kernels: DefaultKernels | None = None) -> "ModelRunner":
         """Sized from the scheduler's KV manager. ``decode_graphs``: ``"auto"`` (CUDA graphs for
         pure decode steps on a GPU, none on the CPU), ``"cuda"``, ``"eager"`` (the graphs' static
         padded step without capture: how the CPU checks it) or None (eager steps only)."""
         return cls(model, kv.num_blocks, kv.block_size, kv_dtype, decode_graphs, max_num_seqs,
-                   max_model_len or getattr(kv, "max_model_len", None))
+                   max_model_len or getattr(kv, "max_model_len", None), kernels)
 
     def check_kv(self, kv, max_model_len: int) -> None:
         """Refuse (Spanish ``ValueError``) a scheduler whose KV manager places tokens in a
@@ -141,24 +158,27 @@ class ModelRunner:
         (greedy) gets the target's argmax at each of its last k + 1 positions."""
         for request_id in out.finished_req_ids:
             self.generators.pop(request_id, None)
-        if self.graphs is not None and self.graphs.covers(out):
-            hidden = self.graphs.hidden_states(out)[None]                  # [1, n, hidden]
-            last = list(range(len(out.scheduled)))
-        else:
-            hidden, last = self._eager_hidden_states(out)
-        samples = [(s, i) for s, i in zip(out.scheduled, last) if s.samples]
-        if not samples:
-            synchronize(self.device)
-            return StepResult()
-        # each sampling request's last 1 + k positions among the step's tokens
-        positions = [p for s, i in samples for p in range(i - len(s.draft_token_ids), i + 1)]
-        logits = self.model.logits(hidden[0, positions]).float()          # [n, V]
+        with self.kernels.active():
+            if self.graphs is not None and self.graphs.covers(out):
+                hidden = self.graphs.hidden_states(out)[None]              # [1, n, hidden]
+                last = list(range(len(out.scheduled)))
+            else:
+                hidden, last = self._eager_hidden_states(out)
+            samples = [(s, i) for s, i in zip(out.scheduled, last) if s.samples]
+            if not samples:
+                synchronize(self.device)
+                return StepResult()
+            # each sampling request's last 1 + k positions among the step's tokens
+            positions = [p for s, i in samples for p in range(i - len(s.draft_token_ids), i + 1)]
+            logits = self.model.logits(hidden[0, positions]).float()      # [n, V]
         best = logits.argmax(dim=-1).tolist()
         sampled: dict[str, tuple[int, ...]] = {}
         errors: dict[str, BaseException] = {}
         end = 0
         for s, _ in samples:
             begin, end = end, end + 1 + len(s.draft_token_ids)
+            if self.on_logits is not None:
+                self.on_logits(s.request_id, logits[begin:end])
             p = s.sampling_params
             if p.greedy:
                 sampled[s.request_id] = tuple(best[begin:end])
@@ -185,8 +205,11 @@ class ModelRunner:
         dev = self.device
         ids_t = torch.tensor(ids, device=dev)[None]                        # [1, N]
         pos_t = torch.tensor(pos, device=dev)[None]                        # [1, N]
-        attn = _SelectiveAttention(out, torch.tensor(blocks, device=dev),
-                                   torch.tensor(offsets, device=dev), bs)
+        blocks_t, offsets_t = torch.tensor(blocks, device=dev), torch.tensor(offsets, device=dev)
+        if self.kernels.batch_invariant:
+            attn = InvariantAttention(self.kernels, out, blocks_t, offsets_t, bs)
+        else:
+            attn = _SelectiveAttention(out, blocks_t, offsets_t, bs)
         return self.model.hidden_states(ids_t, pos_t, kv_cache=self.cache, attn_fn=attn), last
 
     def _generator(self, s: ScheduledRequest) -> torch.Generator:
