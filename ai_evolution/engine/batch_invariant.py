@@ -229,6 +229,21 @@ class InvariantAttention:
         return out
 
 
+def generate_with_logits(llm, prompts, sampling_params=None) -> list[tuple[list[int], Tensor]]:
+    """``llm.generate(prompts, sampling_params)`` (an ``LLM`` on the real runner), keeping what
+    each request's steps computed: per prompt, ``(token ids, float32 logits [n, V])``, the rows
+    its tokens were chosen from (one per step; ``1 + k`` per step with ``k`` draft tokens)."""
+    runner = llm.engine.executor
+    kept: dict[str, list[Tensor]] = {}
+    runner.on_logits = lambda request_id, logits: kept.setdefault(request_id, []).append(logits.clone())
+    try:
+        outs = llm.generate(prompts, sampling_params)
+    finally:
+        runner.on_logits = None
+    return [(list(o.token_ids), torch.cat(kept[o.request_id]) if o.request_id in kept else
+             torch.empty(0)) for o in outs]
+
+
 __all__ = ["BatchInvariantKernels", "DefaultKernels", "InvariantAttention", "LinearFn",
-           "SPLIT_KEYS", "SUPPORTED_DEVICES", "TILE_ROWS", "check_device", "split_attention",
+           "SPLIT_KEYS", "SUPPORTED_DEVICES", "TILE_ROWS", "check_device", "generate_with_logits", "split_attention",
            "tiled_linear", "tiled_rows"]

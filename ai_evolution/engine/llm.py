@@ -31,12 +31,14 @@ class LLM:
     or ``"paged"`` (``num_blocks`` blocks of ``block_size`` tokens, prefix caching unless
     disabled); ``speculative_config={"model": "tiny-es-draft", "num_speculative_tokens": 4}``
     turns on speculative decoding; ``enforce_eager=True`` turns off the CUDA graphs of decode
-    steps (on a GPU they are on). See ``EngineConfig`` for the rest.
+    steps (on a GPU they are on); ``batch_invariant=True`` gives each request the same logits
+    whatever the batch (chapter 10), and ``kernels=`` another kernel set for it (a
+    ``BatchInvariantKernels`` with a student's matmul). See ``EngineConfig`` for the rest.
     """
 
     def __init__(self, model: str | Path | Transformer = "tiny-es", *, tokenizer: Tokenizer | str | None = None,
                  dtype: torch.dtype | None = None, device: str | torch.device | None = None,
-                 config: EngineConfig | None = None, **options) -> None:
+                 config: EngineConfig | None = None, kernels=None, **options) -> None:
         config = EngineConfig.of(config, **options)
         self.model = load_model(model, dtype, device)
         if tokenizer is None and isinstance(model, str) and (model in shipped_names()
@@ -46,7 +48,7 @@ class LLM:
         eos = self.model.config.eos_token_id
         if eos is None and self.tokenizer is not None:
             eos = self.tokenizer.eos_token_id
-        self.engine = build_engine(self.model, config, eos_token_id=eos)
+        self.engine = build_engine(self.model, config, eos_token_id=eos, kernels=kernels)
 
     def _encode(self, prompt) -> Sequence[int]:
         if isinstance(prompt, str):

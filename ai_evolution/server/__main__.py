@@ -9,6 +9,7 @@ OpenAI client at ``http://HOST:PORT/v1``.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
@@ -55,6 +56,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu o cuda (por defecto cpu)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="sin grafos CUDA en los pasos de decodificación (en GPU van con ellos)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   default=os.environ.get("VLLM_BATCH_INVARIANT") == "1",
+                   help="núcleos invariantes al lote: la misma respuesta sea cual sea el lote, "
+                        "más lento (capítulo 10; también VLLM_BATCH_INVARIANT=1, como en vLLM)")
     p.add_argument("--speculative-model", default=None,
                    help="modelo borrador de la decodificación especulativa (p. ej. tiny-es-draft; "
                         "por defecto, sin ella); mismo tokenizador que --model")
@@ -87,7 +92,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         num_blocks=args.num_blocks, enable_prefix_caching=not args.no_prefix_caching,
                         max_num_batched_tokens=args.max_num_batched_tokens,
                         enable_chunked_prefill=args.enable_chunked_prefill, speculative_config=spec,
-                        decode_graphs=None if args.enforce_eager else "auto")
+                        decode_graphs=None if args.enforce_eager else "auto",
+                        batch_invariant=args.batch_invariant)
 
 
 def main(argv: list[str] | None = None) -> None:
