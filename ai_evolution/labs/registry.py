@@ -24,6 +24,7 @@ from .profiles import resolve_profile
 # kind -> module that defines SPEC and run(); modules are imported on first use.
 _LABS: dict[str, str] = {
     "continuous_batching": "ai_evolution.labs.continuous_batching",
+    "determinism": "ai_evolution.labs.determinism",
     "flash_attention": "ai_evolution.labs.flash_attention",
     "kv_cache": "ai_evolution.labs.kv_cache",
     "observability": "ai_evolution.labs.observability",
