@@ -12,6 +12,9 @@ Checks:
 - ``exact-<dtype>``: the engine (paged KV, continuous batching, a token budget with chunked
   prefill) gives the tokens of uncached greedy decoding, on the device, for each dtype it runs
   (a failure in float32; a count in 16-bit, where other shapes may round a near-tie apart);
+- ``batch-invariant-<dtype>``: with ``batch_invariant=True`` (chapter 10), every request's
+  logits in a batch of 8 (paged, chunked prefill, prefix hits) are bit-identical to its logits
+  served alone, in fp16 (what a T4 serves in) and bf16 where the device has it;
 - ``hf-logits``: the decoder's logits against transformers on the same weights (fp32);
 - ``kv-int8``: the engine on an int8 KV cache gives the generator's tokens on the same cache;
 - ``speculative``: the engine with a draft (the target itself: every proposal accepted) gives
@@ -73,6 +76,35 @@ def check_exact(device: torch.device, dtype: torch.dtype, quick: bool) -> str:
     if bad:  # 16-bit: other batch shapes round differently, and a near-tie can flip an argmax
         return f"{n - len(bad)} of {n} requests token-identical to uncached greedy (16-bit: informative)"
     return f"{n} requests, token-identical to uncached greedy"
+
+
+def check_batch_invariant(device: torch.device, dtype: torch.dtype, quick: bool) -> str:
+    from ai_evolution.engine.batch_invariant import generate_with_logits
+    from ai_evolution.model import load_model
+
+    model = load_model("tiny-es", device=device, dtype=dtype)
+    rng = random.Random(2)
+    system = [rng.randrange(3, model.config.vocab_size) for _ in range(16)]
+    prompts = [system + p for p in _prompts(model.config.vocab_size, 4 if quick else 12)]
+    params = SamplingParams(max_tokens=6 if quick else 16, ignore_eos=True)
+    alone = LLM(model, max_num_seqs=1, max_model_len=256, batch_invariant=True)
+    solo = [generate_with_logits(alone, [p], params)[0] for p in prompts]
+    batched = LLM(model, max_num_seqs=8, max_model_len=256, batch_invariant=True, kv_layout="paged",
+                  max_num_batched_tokens=64, enable_chunked_prefill=True)
+    got = generate_with_logits(batched, prompts, params)
+    bad = [i for i, ((_, a), (_, b)) in enumerate(zip(solo, got)) if not torch.equal(a, b)]
+    if bad:
+        worst = max((solo[i][1] - got[i][1]).abs().max().item() for i in bad)
+        raise AssertionError(f"{len(bad)} of {len(prompts)} requests' logits differ from solo "
+                             f"(max |diff| {worst:.2e}): {bad}")
+    plain = LLM(model, max_num_seqs=8, max_model_len=256, kv_layout="paged",
+                max_num_batched_tokens=64, enable_chunked_prefill=True, enforce_eager=True)
+    usual = generate_with_logits(plain, prompts, params)
+    alone_usual = [generate_with_logits(LLM(model, max_num_seqs=1, max_model_len=256,
+                                            enforce_eager=True), [p], params)[0] for p in prompts]
+    differ = sum(not torch.equal(a, b) for (_, a), (_, b) in zip(alone_usual, usual))
+    return (f"{len(prompts)} requests bit-identical to solo; without the mode "
+            f"{differ} of {len(prompts)} differ")
 
 
 def check_hf_logits(device: torch.device, quick: bool) -> str:
@@ -343,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in supported_dtypes(device):
         dtype = getattr(torch, name)
         checks.append((f"exact-{name}", lambda dtype=dtype: check_exact(device, dtype, args.quick)))
+    for name in ("float16", *(d for d in supported_dtypes(device) if d == "bfloat16")):
+        dtype = getattr(torch, name)
+        checks.append((f"batch-invariant-{name}",
+                       lambda dtype=dtype: check_batch_invariant(device, dtype, args.quick)))
     if not args.no_hf:
         checks.append(("hf-logits", lambda: check_hf_logits(device, args.quick)))
     checks.append(("kv-int8", lambda: check_kv_int8(device, args.quick)))

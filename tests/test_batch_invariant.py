@@ -78,6 +78,7 @@ def test_the_mode_gives_each_request_its_solo_logits_bit_for_bit(case, layout):
     name, model, prompts, solo = case
     index, outs, usage = _serve(model, prompts, layout, batch_invariant=True)
     for i, (tokens, logits) in zip(index, outs):
+        assert len(tokens) == MAX_TOKENS, (name, layout, i)  # no request failed on the way
         assert torch.equal(logits, solo[i][1]), (name, layout, i, (logits - solo[i][1]).abs().max())
         assert tokens == solo[i][0], (name, layout, i)
     if layout == "preemption":
@@ -127,9 +128,18 @@ def test_split_attention_is_attention_and_ignores_everything_but_its_own_query()
     mask = (torch.arange(70)[None, None] <= pos[..., None])[:, None]
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    # one query alone, over only its visible keys: the same bits
-    one = split_attention(q[1:2, :, 2:3], k[1:2, :, :63], v[1:2, :, :63], pos[1:2, 2:3], split_keys=8)
-    assert torch.equal(one[0, :, 0], out[1, :, 2])
+    # each query alone, over only its visible keys (fewer splits): the same bits
+    for t in range(5):
+        for keys in (61 + t, 70):
+            one = split_attention(q[1:2, :, t:t + 1], k[1:2, :, :keys], v[1:2, :, :keys],
+                                  pos[1:2, t:t + 1], split_keys=8)
+            assert torch.equal(one[0, :, 0], out[1, :, t]), (t, keys)
+    # a prefill chunk of 16 queries against each of them alone, with the default split
+    q16, pos16 = torch.randn(1, 4, 16, 16, generator=gen), torch.arange(24, 40)[None]
+    full = split_attention(q16, k[:1, :, :40], v[:1, :, :40], pos16)
+    for t in range(16):
+        one = split_attention(q16[:, :, t:t + 1], k[:1, :, :25 + t], v[:1, :, :25 + t], pos16[:, t:t + 1])
+        assert torch.equal(one[0, :, 0], full[0, :, t]), t
 
 
 def test_a_students_matmul_runs_every_linear_of_the_engine():

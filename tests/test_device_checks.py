@@ -15,11 +15,12 @@ import device_checks  # noqa: E402
 def test_every_check_passes_on_the_cpu_and_prints_a_row(capsys, one_thread):
     assert device_checks.main(["--device", "cpu", "--quick", "--no-hf"]) == 0
     out = capsys.readouterr().out
-    for name in ("probes", "exact-float32", "exact-bfloat16", "kv-int8", "speculative",
+    for name in ("probes", "exact-float32", "exact-bfloat16", "batch-invariant-float16",
+                 "batch-invariant-bfloat16", "kv-int8", "speculative",
                  "quant-int8", "quant-int4", "flash", "graphs-float32", "graphs-bfloat16",
                  "server", "bench-b1", "bench-throughput"):
         assert f"\n{name} " in out and "FAIL" not in out
-    assert "13 of 13 checks passed" in out
+    assert "15 of 15 checks passed" in out
     assert "decode steps through eager graphs" in out and "of the floor" in out
 
 
@@ -29,15 +30,15 @@ def test_a_failing_check_is_reported_and_the_others_still_run(capsys, monkeypatc
     def broken(device, quick):
         raise RuntimeError("sonda rota")
 
-    for name in ("check_exact", "check_kv_int8", "check_speculative", "check_quant", "check_flash",
+    for name in ("check_exact", "check_batch_invariant", "check_kv_int8", "check_speculative", "check_quant", "check_flash",
                  "check_graphs", "check_server", "check_bench_b1", "check_bench_throughput"):
         monkeypatch.setattr(device_checks, name, lambda *args, name=name: f"{name} sustituido")
     monkeypatch.setattr(device_checks, "check_probes", broken)
     assert device_checks.main(["--device", "cpu", "--quick", "--no-hf"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "RuntimeError: sonda rota" in out
-    assert "exact-float32             ok" in out and "12 of 13 checks passed" in out
-    assert out.count("sustituido") == 12  # every other check ran after the failing one
+    assert "exact-float32             ok" in out and "14 of 15 checks passed" in out
+    assert out.count("sustituido") == 14  # every other check ran after the failing one
 
 
 def test_an_unknown_lab_kind_is_refused_with_the_accepted_ones(capsys):

@@ -83,30 +83,41 @@ def split_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
     ``positions`` ``[B, T]`` -> ``[B, H, T, D]`` in ``q``'s dtype. Computed in float32; a query's
     result depends only on its own query and keys: not on ``B``, ``T``, ``L`` nor on the others."""
     B, H, T, D = q.shape
-    group = H // k.shape[1]
-    L = k.shape[2]
+    dtype = q.dtype
+    Hkv, L = k.shape[1], k.shape[2]
+    group = H // Hkv
     splits = max(1, -(-L // split_keys))
-    pad = splits * split_keys - L
-    k, v = (F.pad(t.float(), (0, 0, 0, pad)).repeat_interleave(group, dim=1) for t in (k, v))
-    vt = v.transpose(-1, -2).contiguous()                                   # [B, H, D, Lp]
-    keep = torch.arange(splits * split_keys, device=q.device)[None, None] <= positions[..., None]
+    Lp = splits * split_keys
+    k = F.pad(k.float(), (0, 0, 0, Lp - L))[:, :, None, None]                # [B, Hkv, 1, 1, Lp, D]
+    vt = F.pad(v.float(), (0, 0, 0, Lp - L)).transpose(-1, -2).reshape(
+        B, Hkv, 1, 1, D, splits, split_keys)
+    q = q.float().reshape(B, Hkv, group, T, D)   # query head h reads KV head h // group
+    keep = torch.arange(Lp, device=q.device)[None, None] <= positions[..., None]  # [B, T, Lp]
     # Bounded memory: the queries are independent, so chunking them changes no bit.
-    step = max(1, (1 << 22) // max(1, B * H * splits * split_keys * D))
+    step = max(1, (1 << 22) // max(1, B * H * Lp * D))
     outs = []
     for t0 in range(0, T, step):
-        qc = q[:, :, t0:t0 + step].float()                                  # [B, H, t, D]
-        scores = (qc[:, :, :, None, :] * k[:, :, None]).sum(-1) / math.sqrt(D)  # [B, H, t, Lp]
-        scores = scores.masked_fill(~keep[:, None, t0:t0 + step], float("-inf"))
+        qc = q[:, :, :, t0:t0 + step]                                       # [B, Hkv, g, t, D]
+        scores = _row_sums(qc[..., None, :] * k) / math.sqrt(D)              # [B, Hkv, g, t, Lp]
+        scores = scores.masked_fill(~keep[:, None, None, t0:t0 + step], float("-inf"))
         weights = (scores - scores.amax(-1, keepdim=True)).exp()            # max: exact
-        w = weights.view(*weights.shape[:-1], splits, split_keys)
-        num = (w[:, :, :, None] * vt[:, :, None].view(B, H, 1, D, splits, split_keys)).sum(-1)
-        den = w.sum(-1)                                                     # [B, H, t, splits]
+        w = weights.view(*weights.shape[:-1], splits, split_keys)           # [..., t, splits, S]
+        num = _row_sums(w[..., None, :, :] * vt)                           # [..., t, D, splits]
+        den = _row_sums(w)                                                   # [..., t, splits]
         total_num, total_den = num[..., 0], den[..., 0]
         for j in range(1, splits):  # the splits, one after another, in order
             total_num = total_num + num[..., j]
             total_den = total_den + den[..., j]
-        outs.append(total_num / total_den[..., None])
-    return torch.cat(outs, dim=2).to(q.dtype)
+        outs.append((total_num / total_den[..., None]).reshape(B, H, -1, D))
+    return torch.cat(outs, dim=2).to(dtype)
+
+
+def _row_sums(x: Tensor) -> Tensor:
+    """Sums over the last dimension, each row reduced alone in the same order. A broadcast
+    product may come out with its last dimension not innermost in memory (torch lays the output
+    out after its inputs' strides), and then the reduction would take another path whose order
+    depends on the other dimensions: make it contiguous first."""
+    return x.contiguous().sum(-1)
 
 
 class _RowTiling(TorchFunctionMode):
@@ -210,7 +221,8 @@ class InvariantAttention:
             table = torch.stack([torch.cat((b, b[:1].expand(longest - len(b)))) for _, _, b in decodes])
             idx = torch.tensor([a for a, _, _ in decodes], device=dev)
             positions = torch.tensor([[s.start] for _, s, _ in decodes], device=dev)
-            self.decode = (idx, table, longest * block_size, positions)
+            # the longest context of the step, not whole blocks (a contiguous row is one block)
+            self.decode = (idx, table, max(s.context_len for _, s, _ in decodes), positions)
 
     def __call__(self, q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor,
                  positions: Tensor) -> Tensor:
