@@ -1,0 +1,81 @@
+"""Lab 10 (determinism): a real small run's contract rebuilds its claims from their numbers, the
+mode's logits are bit-equal at every batch size and dtype, its identical copies give one answer,
+the same seed gives the same contract, and the verdicts take the branch hand-made numbers call
+for."""
+
+from __future__ import annotations
+
+import pytest
+
+from ai_evolution import claims
+from ai_evolution.labs import LabParamError, run_lab, without_volatile
+from ai_evolution.labs import determinism as lab
+
+# A real, small ``ci`` run (seconds).
+FAST = dict(dtypes=["fp32", "bf16"], batch_sizes=[2, 8], prompts=8, prompt_len=8, new_tokens=6,
+            identical=6, rate=200.0, max_num_seqs=8)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def contract():
+    return run_lab("determinism", seed=3, profile="ci", **FAST)
+
+
+def test_a_real_run_gives_bit_equal_logits_with_the_mode_and_rebuilds_its_claims(contract):
+    assert claims.recheck_contract(contract) == []
+    r = contract["results"]
+    assert r["chapter_criteria"] == {"invariant_logits": True, "invariant_identical": True}
+    for dtype in ("fp32", "bf16"):
+        rows = r["divergence"][dtype]["invariant"]
+        assert [row["batch_size"] for row in rows] == [2, 8]
+        assert all(row["bit_equal"] and row["max_abs_diff"] == 0.0 for row in rows)
+    for case in r["identical"].values():
+        assert case["invariant"]["distinct"] == 1 and case["invariant"]["copies"] == 6
+    # fp32 on this CPU: the usual kernels change the bits with the batch (the GEMV/GEMM switch)
+    assert max(row["max_abs_diff"] for row in r["divergence"]["fp32"]["usual"]) > 0
+
+
+def test_the_same_seed_gives_the_same_contract(contract):
+    again = run_lab("determinism", seed=3, profile="ci", **FAST)
+    assert without_volatile(again) == without_volatile(contract)
+
+
+def _rows(diffs, steps=None):
+    steps = steps or [None] * len(diffs)
+    return [{"batch_size": b, "max_abs_diff": d, "bit_equal": d == 0.0, "first_divergent_step": s}
+            for b, d, s in zip((2, 8), diffs, steps)]
+
+
+def _identical(usual_distinct, invariant_distinct, copies=10):
+    return {m: {"distinct": n, "differing": n - 1, "copies": copies, "largest_batch": 8,
+                "mean_batch": 4.0} for m, n in (("usual", usual_distinct), ("invariant", invariant_distinct))}
+
+
+def test_verdicts_take_the_branch_the_numbers_call_for():
+    divergence = {"bf16": {"usual": _rows([0.0625, 0.125], [None, 3]), "invariant": _rows([0.0, 0.0])}}
+    found = lab.verdicts(divergence, {"voraz bf16": _identical(3, 1)})
+    assert found["usual_bf16"].outcome == claims.FAILED          # the bits change with the batch
+    assert found["invariant_bf16"].outcome == claims.PASSED
+    assert found["identical_voraz bf16_usual"].outcome == claims.FAILED
+    assert found["identical_voraz bf16_invariant"].outcome == claims.PASSED
+    assert "paso 3 (lote 8)" in lab.divergence_sentence("bf16", divergence["bf16"]["usual"])
+    broken = {"bf16": {"usual": _rows([0.0, 0.0]), "invariant": _rows([0.0, 1e-3])}}
+    f = lab.Findings.from_measurements({}, broken, {"voraz bf16": _identical(1, 2)})
+    assert f.found["usual_bf16"].outcome == claims.PASSED        # nothing to remove here
+    assert f.criteria_met == {"invariant_logits": False, "invariant_identical": False}
+    assert "ni sus logits" in lab.divergence_sentence("bf16", broken["bf16"]["usual"])
+
+
+def test_first_divergence():
+    assert lab.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert lab.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert lab.first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_bad_parameters_are_refused_in_spanish():
+    with pytest.raises(LabParamError, match="no puede pasar del número de prompts"):
+        run_lab("determinism", profile="ci", batch_sizes=[2, 64], prompts=8)
+    with pytest.raises(LabParamError, match="valores aceptados"):
+        run_lab("determinism", profile="ci", dtypes=["fp8"])
