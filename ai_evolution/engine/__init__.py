@@ -2,6 +2,7 @@
 cache layout and a model runner, in vLLM's vocabulary (``LLM``, ``SamplingParams``, ``Request``,
 ``Scheduler``, ``ModelRunner``, ``EngineConfig``)."""
 
+from .batch_invariant import BatchInvariantKernels, DefaultKernels
 from .block_pool import BlockPool, KVBlock
 from .config import KV_LAYOUTS, EngineConfig, SpeculativeConfig, build_engine
 from .kv_cache import (ContiguousKVManager, KVCacheManager, KVManager, block_hashes,
@@ -16,7 +17,7 @@ from .scheduler import (POLICIES, BatchPlan, Policy, PolicyError, Scheduler, con
 from .step import ScheduledRequest, SchedulerOutput, StepResult
 
 __all__ = [
-    "BlockPool", "KVBlock", "KVCacheManager", "KVManager", "block_hashes", "find_cached_prefix",
+    "BatchInvariantKernels", "DefaultKernels", "BlockPool", "KVBlock", "KVCacheManager", "KVManager", "block_hashes", "find_cached_prefix",
     "hash_block", "KV_LAYOUTS", "EngineConfig", "SpeculativeConfig", "build_engine",
     "BlockKVCache", "ContiguousKVManager", "LLM", "Executor", "LLMEngine", "StepEntry",
     "StepRecord", "FinishReason", "Request", "RequestOutput", "RequestRejected", "RequestStatus",

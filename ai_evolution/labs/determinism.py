@@ -128,18 +128,17 @@ def verdicts(divergence: dict, identical: dict) -> dict[str, claims.Claim]:
     for dtype, modes in divergence.items():
         sizes = ", ".join(str(r["batch_size"]) for r in modes["usual"])
         # below the criterion (0) = identical bits; the usual kernels are expected to miss it
-        found[f"usual_{dtype}"] = claims.threshold(
-            _worst(modes["usual"]), 0.0, scale=1.0, unit="", decimals=6,
-            what=(f"en {dtype}, con los núcleos habituales, la mayor diferencia absoluta entre los "
-                  f"logits de la petición en lotes de {sizes} y sola"),
-            passed="en esta máquina los logits no cambian con el lote ni sin el modo",
-            failed="los logits cambian con el lote")
-        found[f"invariant_{dtype}"] = claims.threshold(
-            _worst(modes["invariant"]), 0.0, scale=1.0, unit="", decimals=6,
-            what=(f"en {dtype}, con el modo invariante al lote, la mayor diferencia absoluta entre "
-                  f"los logits de la petición en lotes de {sizes} y sola"),
-            passed="idénticos bit a bit en cada lote",
-            failed="el modo no da los mismos bits en todos los lotes")
+        for mode, (kernels, passed, failed) in {
+                "usual": ("con los núcleos habituales",
+                          "en esta máquina los logits no cambian con el lote ni sin el modo",
+                          "los logits cambian con el lote"),
+                "invariant": ("con el modo invariante al lote", "idénticos bit a bit en cada lote",
+                              "el modo no da los mismos bits en todos los lotes")}.items():
+            found[f"{mode}_{dtype}"] = claims.threshold(
+                _worst(modes[mode]), 0.0, scale=1.0, unit="", decimals=6,
+                what=(f"en {dtype}, {kernels}, la mayor diferencia absoluta entre los logits de "
+                      f"la petición en lotes de {sizes} y sola"),
+                passed=passed, failed=failed)
     for case, modes in identical.items():
         for mode in MODES:
             r = modes[mode]
