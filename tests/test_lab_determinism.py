@@ -13,6 +13,7 @@ from ai_evolution.labs import determinism as lab
 
 # A real, small ``ci`` run (seconds).
 FAST = dict(dtypes=["fp32", "bf16"], batch_sizes=[2, 8], prompts=8, prompt_len=8, new_tokens=6,
+            copies=4, composition_batch=6, composition_tokens=8,
             identical=6, rate=200.0, max_num_seqs=8)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,7 +27,8 @@ def contract():
 def test_a_real_run_gives_bit_equal_logits_with_the_mode_and_rebuilds_its_claims(contract):
     assert claims.recheck_contract(contract) == []
     r = contract["results"]
-    assert r["chapter_criteria"] == {"invariant_logits": True, "invariant_identical": True}
+    assert r["chapter_criteria"] == {"invariant_logits": True, "invariant_composed": True,
+                                   "invariant_identical": True}
     for dtype in ("fp32", "bf16"):
         rows = r["divergence"][dtype]["invariant"]
         assert [row["batch_size"] for row in rows] == [2, 8]
@@ -64,7 +66,8 @@ def test_verdicts_take_the_branch_the_numbers_call_for():
     broken = {"bf16": {"usual": _rows([0.0, 0.0]), "invariant": _rows([0.0, 1e-3])}}
     f = lab.Findings.from_measurements({}, broken, {"voraz bf16": _identical(1, 2)})
     assert f.found["usual_bf16"].outcome == claims.PASSED        # nothing to remove here
-    assert f.criteria_met == {"invariant_logits": False, "invariant_identical": False}
+    assert f.criteria_met == {"invariant_logits": False, "invariant_composed": False,
+                             "invariant_identical": False}
     assert "ni sus logits" in lab.divergence_sentence("bf16", broken["bf16"]["usual"])
 
 

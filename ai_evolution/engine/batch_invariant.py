@@ -69,6 +69,13 @@ def tiled_rows(fn: Callable[..., Tensor], x: Tensor, *args, tile_rows: int = TIL
     return y[:m].reshape(*lead, y.shape[-1])
 
 
+def whole_rows(fn: Callable[..., Tensor], x: Tensor, *args) -> Tensor:
+    """``fn(x, *args)`` on ``x`` (``[..., K]``) flattened to ``[M, K]``: every row in one call."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    y = fn(x.reshape(-1, k), *args)
+    return y.reshape(*lead, y.shape[-1])
+
+
 def tiled_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *,
                  tile_rows: int = TILE_ROWS) -> Tensor:
     """``F.linear`` with a fixed number of rows per call (see ``tiled_rows``)."""
@@ -136,9 +143,11 @@ class _RowTiling(TorchFunctionMode):
         if func is F.linear:
             x, weight, *rest = args
             bias = rest[0] if rest else kwargs.get("bias")
+            if self.tile_rows is None:  # the linear gets every row at once: its own invariance
+                return whole_rows(self.linear, x, weight, bias)
             return tiled_rows(self.linear, x, weight, bias, tile_rows=self.tile_rows)
         if func in self.quantized:
-            return tiled_rows(func, args[0], *args[1:], tile_rows=self.tile_rows)
+            return tiled_rows(func, args[0], *args[1:], tile_rows=self.tile_rows or TILE_ROWS)
         return func(*args, **kwargs)
 
 
@@ -156,15 +165,20 @@ class BatchInvariantKernels(DefaultKernels):
     """Kernels whose results for one row do not depend on the other rows (see the module).
 
     ``linear``: the row-wise matmul run on each tile (default ``F.linear``; a student's function
-    with the same contract can stand in). ``tile_rows`` and ``split_keys`` are the fixed shapes."""
+    with the same contract can stand in). ``tile_rows`` and ``split_keys`` are the fixed shapes;
+    ``tile_rows=None`` hands ``linear`` every row of the step at once, so that the linear must be
+    batch-invariant by itself (chapter 10's exercise: the engine then adds nothing)."""
 
     batch_invariant = True
 
     def __init__(self, linear: LinearFn | None = None, tile_rows: int = TILE_ROWS,
                  split_keys: int = SPLIT_KEYS) -> None:
         for name, value in (("tile_rows", tile_rows), ("split_keys", split_keys)):
+            if name == "tile_rows" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} debe ser un entero >= 1; se recibió {value!r}")
+                raise ValueError(f"{name} debe ser un entero >= 1"
+                                 f"{' o None' if name == 'tile_rows' else ''}; se recibió {value!r}")
         if linear is not None and not callable(linear):
             raise ValueError("linear debe ser una función linear(x, weight, bias) -> y; se "
                              f"recibió {type(linear).__name__}")
@@ -258,4 +272,4 @@ def generate_with_logits(llm, prompts, sampling_params=None) -> list[tuple[list[
 
 __all__ = ["BatchInvariantKernels", "DefaultKernels", "InvariantAttention", "LinearFn",
            "SPLIT_KEYS", "SUPPORTED_DEVICES", "TILE_ROWS", "check_device", "generate_with_logits", "split_attention",
-           "tiled_linear", "tiled_rows"]
+           "tiled_linear", "tiled_rows", "whole_rows"]

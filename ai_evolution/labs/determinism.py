@@ -5,7 +5,13 @@ that removes the difference.
    inside batches of ``batch_sizes`` requests (itself first, the others different prompts), with
    the usual kernels and with ``batch_invariant=True``: the largest absolute difference between
    its logits in the batch and alone, and the first step at which its greedy tokens differ.
-2. Identical requests under load (measured, :func:`measure_identical`): ``identical`` copies of
+2. Identical requests in other batches (measured, :func:`measure_compositions`): ``copies``
+   copies of one greedy request in a half-precision dtype, each served inside a different seeded
+   batch (other requests of other lengths around it, at another place; the first copy alone):
+   the number of distinct completions and the step at which each copy leaves the solo one,
+   without and with the mode. The request is the prompt whose greedy run comes closest to a tie
+   between its two best tokens (:func:`tightest_prompt`): where a last-bit difference decides.
+3. Identical requests under load (measured, :func:`measure_identical`): ``identical`` copies of
    one request (sampled with one seed, and greedy in a half-precision dtype) arrive as a Poisson
    process (chapter 6's generator) among as many other requests; the number of distinct
    completions without and with the mode. How many differ without it depends on how the load
@@ -29,6 +35,7 @@ from ..fmt import es
 from ..hardware import supported_dtypes
 from ..loadgen.arrivals import poisson_arrivals
 from ..model import load_model
+from ..reference.determinism import reference_compare_runs
 from ..timing import torch_threads
 from .contract import evidence as _ev, met_criteria_sentence, threads_limitation
 from .registry import LabParamError, LabSpec, Param
@@ -48,6 +55,42 @@ def available_dtypes(wanted: list[str], device: torch.device | str) -> list[str]
     return [d for d in wanted if d in here]
 
 
+def corpus_prompts(model: str, count: int, length: int) -> list[list[int]]:
+    """``count`` prompts of ``length`` tokens from the model's held-out text (as in chapter 9)."""
+    from .speculative import held_out_prompts
+    return held_out_prompts(model, count, length)
+
+
+def served_prompts(params: dict, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The lab's prompts from the held-out text: ``(mixed, candidates)``. ``candidates``: the
+    first ``prompt_len`` tokens of each, the requests that may be followed; ``mixed``: the same
+    texts cut to seeded lengths between half and twice ``prompt_len``, the requests around it (a
+    request among longer ones gets its attention padded to their length, as in real traffic)."""
+    n = params["prompt_len"]
+    corpus = corpus_prompts(params["model"], params["prompts"], 2 * n)
+    rng = random.Random(seed)
+    mixed = [p[:rng.randint(max(1, n // 2), 2 * n)] for p in corpus]
+    return mixed, [p[:n] for p in corpus]
+
+
+def tightest_prompt(model, prompts: list[list[int]], new_tokens: int,
+                    max_model_len: int) -> dict:
+    """Among ``prompts``, the one whose greedy run of ``new_tokens`` tokens comes closest to a
+    tie: the smallest gap between its two largest logits at any step. All are served in one
+    batch with the mode, which gives each one the logits it gets alone. Returns ``{"index",
+    "gap", "step"}`` (the first prompt on a tie)."""
+    llm = LLM(model, max_num_seqs=len(prompts), max_model_len=max_model_len, batch_invariant=True)
+    runs = generate_with_logits(llm, prompts, SamplingParams(max_tokens=new_tokens,
+                                                             ignore_eos=True))
+    gaps = []
+    for _, logits in runs:
+        top = logits.topk(2, dim=-1).values
+        gap = top[:, 0] - top[:, 1]
+        gaps.append((float(gap.min()), int(gap.argmin())))
+    index = min(range(len(gaps)), key=lambda i: (gaps[i][0], i))
+    return {"index": index, "gap": gaps[index][0], "step": gaps[index][1]}
+
+
 def make_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     """``count`` seeded prompts (ids 3.. to skip the special ones): the first of ``length``
     tokens, the others between half and twice as long, as real traffic mixes lengths."""
@@ -65,10 +108,12 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 def measure_divergence(model, prompts: list[list[int]], batch_sizes: list[int], new_tokens: int,
-                       max_model_len: int) -> dict:
+                       max_model_len: int, compare=None) -> dict:
     """Request 0 (greedy) alone, then first in batches of each size, with both kernel sets: per
-    mode and batch size, the max abs difference of its logits from its solo logits and the first
-    step its greedy tokens differ."""
+    mode and batch size, the max abs difference of its logits from its solo logits (over the
+    steps with the same prefix) and the first step its greedy tokens differ (``compare``: the
+    student's comparison, default the library's)."""
+    compare = compare or reference_compare_runs
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     out = {}
     for mode, invariant in MODES.items():
@@ -80,14 +125,59 @@ def measure_divergence(model, prompts: list[list[int]], batch_sizes: list[int], 
         rows = []
         for b in batch_sizes:
             tokens, logits = serve(prompts[:b])
-            rows.append({"batch_size": b, "max_abs_diff": float((logits - solo_logits).abs().max()),
-                         "bit_equal": bool(torch.equal(logits, solo_logits)),
-                         "first_divergent_step": first_divergence(tokens, solo_tokens)})
+            c = compare(solo_tokens, solo_logits, tokens, logits)
+            rows.append({"batch_size": b, "max_abs_diff": c["max_abs_diff"],
+                         "bit_equal": c["first_logit_step"] is None and c["first_token_step"] is None,
+                         "first_divergent_step": c["first_token_step"]})
         out[mode] = rows
     return out
 
 
-# --- 2. identical requests under Poisson load ----------------------------------------------------
+# --- 2. identical requests, each in another batch --------------------------------------------------
+
+def compositions(copies: int, pool: list[list[int]], max_batch: int, seed: int) -> list[dict]:
+    """``copies`` seeded batch compositions for one request: the first alone, each other one a
+    batch of 2..``max_batch`` requests (prompts of ``pool`` cut to other lengths) with the
+    request at a random place. Per copy: ``{"others": [...], "place": i}``."""
+    out = [{"others": [], "place": 0}]
+    for i in range(1, copies):
+        rng = random.Random(seed * 100_003 + i)
+        b = rng.randint(2, max_batch)
+        others = [p[:rng.randint(max(1, len(p) // 4), len(p))] for p in rng.sample(pool, b - 1)]
+        out.append({"others": others, "place": rng.randrange(b)})
+    return out
+
+
+def measure_compositions(model, target: list[int], pool: list[list[int]], params: dict,
+                         seed: int, compare=None) -> dict:
+    """``target`` (greedy) served inside each of :func:`compositions`, without and with the mode:
+    per mode, the number of distinct completions of the copies, how many differ from the solo
+    copy, and each copy's comparison with the solo run (``compare(solo_tokens, solo_logits,
+    tokens, logits)``, default the library's)."""
+    compare = compare or reference_compare_runs
+    sampling = SamplingParams(max_tokens=params["composition_tokens"], ignore_eos=True)
+    plan = compositions(params["copies"], pool, params["composition_batch"], seed)
+    out = {}
+    for mode, invariant in MODES.items():
+        runs = []
+        for c in plan:
+            batch = c["others"][:c["place"]] + [target] + c["others"][c["place"]:]
+            llm = LLM(model, max_num_seqs=len(batch), max_model_len=params["max_model_len"],
+                      batch_invariant=invariant)
+            runs.append(generate_with_logits(llm, batch, sampling)[c["place"]])
+        solo_tokens, solo_logits = runs[0]
+        compared = [compare(solo_tokens, solo_logits, t, lg) for t, lg in runs]
+        completions = [tuple(t) for t, _ in runs]
+        out[mode] = {"copies": len(runs), "distinct": len(set(completions)),
+                     "differing_from_solo": sum(c != completions[0] for c in completions),
+                     "batch_sizes": [len(c["others"]) + 1 for c in plan],
+                     "first_token_steps": [c["first_token_step"] for c in compared],
+                     "first_logit_steps": [c["first_logit_step"] for c in compared],
+                     "max_abs_diff": max(c["max_abs_diff"] for c in compared)}
+    return out
+
+
+# --- 3. identical requests under Poisson load ----------------------------------------------------
 
 def measure_identical(model, prompts: list[list[int]], params: dict, sampling: SamplingParams,
                       seed: int) -> dict:
@@ -122,9 +212,27 @@ def _worst(rows: list[dict]) -> float:
     return max(r["max_abs_diff"] for r in rows)
 
 
-def verdicts(divergence: dict, identical: dict) -> dict[str, claims.Claim]:
+def verdicts(divergence: dict, identical: dict,
+             composed: dict | None = None) -> dict[str, claims.Claim]:
     """The page's conclusions, by key."""
     found = {}
+    for case, modes in (composed or {}).items():
+        for mode, (kernels, passed, failed) in {
+                "usual": ("con los núcleos habituales",
+                          "aquí ninguna copia se separó de la respuesta que da sola: no divergió "
+                          "en esta máquina con estos lotes",
+                          "algunas copias dan otra respuesta que la petición sola"),
+                "invariant": ("con el modo invariante al lote",
+                              "todas las copias dan la respuesta que da sola",
+                              "el modo no da la misma respuesta en todos los lotes")}.items():
+            r = modes[mode]
+            found[f"composed_{mode}"] = claims.threshold(
+                r["differing_from_solo"] / r["copies"], 0.0,
+                what=(f"{r['copies']} copias de la misma petición ({case}), cada una en otro "
+                      f"lote (de 1 a {max(r['batch_sizes'])} peticiones), {kernels}: fracción "
+                      f"de copias cuya respuesta difiere de la que da sola (respuestas distintas: "
+                      f"{r['distinct']})"),
+                passed=passed, failed=failed)
     for dtype, modes in divergence.items():
         sizes = ", ".join(str(r["batch_size"]) for r in modes["usual"])
         # below the criterion (0) = identical bits; the usual kernels are expected to miss it
@@ -156,6 +264,7 @@ def verdicts(divergence: dict, identical: dict) -> dict[str, claims.Claim]:
 CRITERIA = (
     ("invariant_logits", "con el modo, los logits de una petición son los mismos bit a bit en "
                          "cada lote y cada dtype"),
+    ("invariant_composed", "con el modo, la misma petición da la misma respuesta en cada lote"),
     ("invariant_identical", "con el modo, las copias idénticas bajo carga dan una sola respuesta"),
 )
 
@@ -169,17 +278,21 @@ class Findings:
     divergence: dict
     identical: dict
     found: dict[str, claims.Claim]
+    composed: dict | None = None
 
     @classmethod
     def from_measurements(cls, params: dict, divergence: dict, identical: dict,
-                          found: dict[str, claims.Claim] | None = None) -> "Findings":
+                          found: dict[str, claims.Claim] | None = None,
+                          composed: dict | None = None) -> "Findings":
         return cls(params, divergence, identical,
-                   verdicts(divergence, identical) if found is None else found)
+                   verdicts(divergence, identical, composed) if found is None else found,
+                   composed)
 
     @property
     def criteria_met(self) -> dict[str, bool]:
         ok = lambda key: self.found[key].outcome == claims.PASSED  # noqa: E731
         return {"invariant_logits": all(ok(f"invariant_{d}") for d in self.divergence),
+                "invariant_composed": self.composed is not None and ok("composed_invariant"),
                 "invariant_identical": all(ok(f"identical_{c}_invariant") for c in self.identical)}
 
 
@@ -200,6 +313,24 @@ def divergence_sentence(dtype: str, rows: list[dict]) -> str:
             f"de los que da sola en el paso {step} (lote {b}); desde ahí el texto es otro.")
 
 
+def composed_sentence(case: str, usual: dict) -> str:
+    """Where the copies in other batches left the solo run (usual kernels), in words."""
+    steps = [s for s in usual["first_token_steps"] if s is not None]
+    logit_steps = [s for s in usual["first_logit_steps"][1:] if s is not None]
+    if not steps:
+        logits = ("aunque sus logits sí cambiaron" if logit_steps else "ni sus logits")
+        return (f"Con los núcleos habituales ({case}), ninguna de las {usual['copies']} copias se "
+                f"separó de la respuesta sola en los pasos medidos, {logits}.")
+    where = sorted(set(steps))
+    first_logit = min(logit_steps) if logit_steps else None
+    logits = (f"; sus logits ya eran otros desde el paso {first_logit}" if first_logit is not None
+              else "")
+    return (f"Con los núcleos habituales ({case}), {len(steps)} de {usual['copies'] - 1} copias en "
+            f"otro lote se separan de la respuesta sola, en el paso "
+            f"{', '.join(str(s) for s in where)}{logits}: un empate casi exacto entre dos tokens "
+            f"lo decide el último bit.")
+
+
 def report(f: Findings) -> dict:
     evidence = []
     for dtype, modes in f.divergence.items():
@@ -209,13 +340,18 @@ def report(f: Findings) -> dict:
                          min((r["first_divergent_step"] for r in modes["usual"]
                               if r["first_divergent_step"] is not None), default=-1),
                          "paso", source="measured")]
+    for case, modes in (f.composed or {}).items():
+        evidence += [f.found[f"composed_{m}"].evidence("fracción") for m in MODES]
+        evidence.append(_ev(composed_sentence(case, modes["usual"]),
+                            min((s for s in modes["usual"]["first_token_steps"] if s is not None),
+                                default=-1), "paso", source="measured"))
     for case in f.identical:
         evidence += [f.found[f"identical_{case}_{m}"].evidence("fracción") for m in MODES]
     evidence.append(_ev(criteria_sentence(f.criteria_met), sum(f.criteria_met.values()),
                         "criterios", source="measured"))
     return {
         "environment": {"model": f.params["model"]},
-        "results": {"divergence": f.divergence, "identical": f.identical,
+        "results": {"divergence": f.divergence, "composed": f.composed, "identical": f.identical,
                     "chapter_criteria": f.criteria_met},
         "evidence": evidence,
         "limitations": [
@@ -232,6 +368,9 @@ def report(f: Findings) -> dict:
 
 
 def check_params(params: dict) -> None:
+    if params["composition_batch"] > params["prompts"]:
+        raise LabParamError(f"composition_batch ({params['composition_batch']}) no puede pasar del "
+                            f"número de prompts ({params['prompts']})")
     if max(params["batch_sizes"]) > params["prompts"]:
         raise LabParamError(f"el lote mayor ({max(params['batch_sizes'])}) no puede pasar del número "
                             f"de prompts ({params['prompts']})")
@@ -244,22 +383,29 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         raise LabParamError(f"ninguno de los dtypes pedidos ({', '.join(params['dtypes'])}) está "
                             f"disponible en {device}")
     with torch_threads(params["torch_threads"]):
-        divergence, models = {}, {}
+        divergence, models, ordered = {}, {}, {}
+        corpus, candidates = served_prompts(params, seed)
         for name in dtypes:
             models[name] = load_model(params["model"], seed, device, dtype=DTYPES[name])
-            prompts = make_prompts(params["prompts"], params["prompt_len"],
-                                   models[name].config.vocab_size, seed)
+            # the request followed is the one closest to a tie; the others, of mixed lengths
+            tight = tightest_prompt(models[name], candidates, params["composition_tokens"],
+                                    params["max_model_len"])
+            i = tight["index"]
+            ordered[name] = prompts = [candidates[i]] + corpus[:i] + corpus[i + 1:]
             divergence[name] = measure_divergence(models[name], prompts, params["batch_sizes"],
                                                   params["new_tokens"], params["max_model_len"])
         sampled = SamplingParams(max_tokens=params["new_tokens"], ignore_eos=True,
                                  temperature=params["temperature"], seed=seed)
         greedy = SamplingParams(max_tokens=params["new_tokens"], ignore_eos=True)
         half = next((d for d in ("bf16", "fp16") if d in models), dtypes[0])
+        prompts = ordered[half]
+        composed = {f"voraz {half}": measure_compositions(models[half], prompts[0], prompts[1:],
+                                                          params, seed)}
         identical = {
             f"muestreo {half}": measure_identical(models[half], prompts, params, sampled, seed),
             f"voraz {half}": measure_identical(models[half], prompts, params, greedy, seed),
         }
-    return report(Findings.from_measurements(params, divergence, identical))
+    return report(Findings.from_measurements(params, divergence, identical, composed=composed))
 
 
 SPEC = LabSpec(
@@ -281,8 +427,13 @@ SPEC = LabSpec(
         "new_tokens": Param(32, int, "tokens generados por petición", min=2, max=128,
                             by_profile={"ci": 12}),
         "max_model_len": Param(256, int, "longitud máxima de una petición", min=16, max=512),
+        "copies": Param(24, int, "copias de la petición, cada una en otro lote", min=2,
+                        max=1000, by_profile={"ci": 12}),
+        "composition_batch": Param(16, int, "lote mayor de las copias", min=2, max=64),
+        "composition_tokens": Param(32, int, "tokens generados por cada copia", min=2, max=128,
+                                    by_profile={"ci": 24}),
         "identical": Param(64, int, "copias idénticas bajo carga", min=2, max=1000,
-                           by_profile={"ci": 16}),
+                           by_profile={"ci": 8}),
         "rate": Param(50.0, float, "llegadas por segundo (Poisson)", min=0.1, max=10000.0),
         "max_num_seqs": Param(16, int, "lote máximo del motor bajo carga", min=1, max=64),
         "temperature": Param(0.8, float, "temperatura de las copias muestreadas", min=0.05,
