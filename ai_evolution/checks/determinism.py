@@ -54,7 +54,8 @@ def _subsets(m: int, seed: int) -> list[tuple[str, list[int]]]:
     """Row subsets of a batch of ``m``: prefixes of several sizes, each row alone, a reversed
     order: (label, row indices)."""
     g = torch.Generator().manual_seed(seed)
-    out = [(f"las {s} primeras filas", list(range(s))) for s in (1, 2, 3, 8, 9, 16, m - 1) if 0 < s < m]
+    out = [("la primera fila" if s == 1 else f"las {s} primeras filas", list(range(s)))
+           for s in (1, 2, 3, 8, 9, 16, m - 1) if 0 < s < m]
     out += [(f"la fila {r} sola", [r]) for r in (m - 1, m // 2)]
     out.append(("las filas en orden inverso", list(range(m - 1, -1, -1))))
     out.append(("las filas en otro orden", torch.randperm(m, generator=g).tolist()))
