@@ -90,7 +90,7 @@ def check_invariant_linear(fn: Callable, seed: int = 0, raise_on_fail: bool = Tr
                           f"{es_sig(TOLERANCE[dtype] * scale, 3)}.",
                           "la función tiene que calcular lo mismo que F.linear (cada fila de x por "
                           "cada fila de weight, más el sesgo si lo hay); solo cambia cómo se reparten "
-                          "las filas entre llamadas al núcleo.")
+                          "las filas entre llamadas al kernel.")
         for part, rows in _subsets(m, seed + i):
             sub, crash = call_student(name, fn, x[rows].clone(), w.clone(),
                                       None if b is None else b.clone())
@@ -108,8 +108,8 @@ def check_invariant_linear(fn: Callable, seed: int = 0, raise_on_fail: bool = Tr
                           f"la fila {rows[bad]} no da los mismos bits que en el lote de {m} filas: "
                           f"máx |dif| = {es_sig(diff, 3)} (se exige 0: torch.equal).",
                           "el resultado de una fila depende de cuántas filas llegan con ella: el "
-                          "núcleo elige otro camino (y con él otro orden de la suma) según la forma "
-                          "que recibe. Cada fila tiene que pasar por el núcleo con una forma que no "
+                          "kernel elige otro camino (y con él otro orden de la suma) según la forma "
+                          "que recibe. Cada fila tiene que pasar por el kernel con una forma que no "
                           "dependa del tamaño del lote ni de su lugar en él.")
     return passed(name, len(cases), "Cada fila da los mismos bits sola, en parte del lote y en "
                   "otro orden.")

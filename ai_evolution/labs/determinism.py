@@ -218,7 +218,7 @@ def verdicts(divergence: dict, identical: dict,
     found = {}
     for case, modes in (composed or {}).items():
         for mode, (kernels, passed, failed) in {
-                "usual": ("con los núcleos habituales",
+                "usual": ("con los kernels habituales",
                           "aquí ninguna copia se separó de la respuesta que da sola: no divergió "
                           "en esta máquina con estos lotes",
                           "algunas copias dan otra respuesta que la petición sola"),
@@ -237,7 +237,7 @@ def verdicts(divergence: dict, identical: dict,
         sizes = ", ".join(str(r["batch_size"]) for r in modes["usual"])
         # below the criterion (0) = identical bits; the usual kernels are expected to miss it
         for mode, (kernels, passed, failed) in {
-                "usual": ("con los núcleos habituales",
+                "usual": ("con los kernels habituales",
                           "en esta máquina los logits no cambian con el lote ni sin el modo",
                           "los logits cambian con el lote"),
                 "invariant": ("con el modo invariante al lote", "idénticos bit a bit en cada lote",
@@ -253,7 +253,7 @@ def verdicts(divergence: dict, identical: dict,
             found[f"identical_{case}_{mode}"] = claims.threshold(
                 r["differing"] / r["copies"], 0.0,
                 what=(f"{r['copies']} copias idénticas ({case}) bajo carga de Poisson, "
-                      f"{'modo invariante' if mode == 'invariant' else 'núcleos habituales'}: "
+                      f"{'modo invariante' if mode == 'invariant' else 'kernels habituales'}: "
                       f"fracción de copias cuya respuesta difiere de la más común "
                       f"(respuestas distintas: {r['distinct']})"),
                 passed="todas las copias dan la misma respuesta",
@@ -306,10 +306,10 @@ def divergence_sentence(dtype: str, rows: list[dict]) -> str:
              if r["first_divergent_step"] is not None]
     if not steps:
         logits = ("aunque sus logits sí" if _worst(rows) > 0 else "ni sus logits")
-        return (f"En {dtype}, con los núcleos habituales, los tokens voraces de la petición no "
+        return (f"En {dtype}, con los kernels habituales, los tokens voraces de la petición no "
                 f"cambiaron en ningún lote durante los pasos medidos, {logits}.")
     b, step = min(steps, key=lambda x: x[1])
-    return (f"En {dtype}, con los núcleos habituales, los tokens voraces de la petición se separan "
+    return (f"En {dtype}, con los kernels habituales, los tokens voraces de la petición se separan "
             f"de los que da sola en el paso {step} (lote {b}); desde ahí el texto es otro.")
 
 
@@ -319,13 +319,13 @@ def composed_sentence(case: str, usual: dict) -> str:
     logit_steps = [s for s in usual["first_logit_steps"][1:] if s is not None]
     if not steps:
         logits = ("aunque sus logits sí cambiaron" if logit_steps else "ni sus logits")
-        return (f"Con los núcleos habituales ({case}), ninguna de las {usual['copies']} copias se "
+        return (f"Con los kernels habituales ({case}), ninguna de las {usual['copies']} copias se "
                 f"separó de la respuesta sola en los pasos medidos, {logits}.")
     where = sorted(set(steps))
     first_logit = min(logit_steps) if logit_steps else None
     logits = (f"; sus logits ya eran otros desde el paso {first_logit}" if first_logit is not None
               else "")
-    return (f"Con los núcleos habituales ({case}), {len(steps)} de {usual['copies'] - 1} copias en "
+    return (f"Con los kernels habituales ({case}), {len(steps)} de {usual['copies'] - 1} copias en "
             f"otro lote se separan de la respuesta sola, en el paso "
             f"{', '.join(str(s) for s in where)}{logits}: un empate casi exacto entre dos tokens "
             f"lo decide el último bit.")
@@ -358,7 +358,7 @@ def report(f: Findings) -> dict:
             "Cuántas copias idénticas difieren sin el modo depende de cómo la carga las agrupó en "
             "lotes: otra ejecución, u otra máquina, da otro número; con el modo el número es 0 "
             "en cualquier caso.",
-            "El modelo es pequeño y corre en esta máquina; en una GPU los núcleos son otros (cuBLAS, "
+            "El modelo es pequeño y corre en esta máquina; en una GPU los kernels son otros (cuBLAS, "
             "FlashAttention con división de claves) y las diferencias también, pero la causa es la "
             "misma: el orden de la suma depende de la forma del lote.",
             threads_limitation(f.params["torch_threads"]),
