@@ -33,7 +33,7 @@ from ai_evolution.model import get_preset, kv_bytes_per_token
 ROOT = Path(__file__).resolve().parents[1]
 KV = ROOT / "labs" / "02-kv-cache"
 KINDS = ["roofline", "kv_cache", "continuous_batching", "paged_attention", "scheduler",
-         "observability", "quantization", "flash_attention", "speculative"]
+         "observability", "quantization", "flash_attention", "speculative", "determinism"]
 
 
 def rows(gradebook: Path) -> dict[str, dict]:
@@ -161,6 +161,8 @@ def good_measurement(kind: str) -> dict:
         return flash_measurement()
     if kind == "speculative":
         return speculative_measurement()
+    if kind == "determinism":
+        return determinism_measurement()
     budgets = get_spec(kind).resolve_params("ci", {})["budgets"]
     return {"normal_step_ms": 10.0} | {f"{k}_ms_budget_{b}": 12.0 + b for b in budgets
                                        for k in ("itl_p99", "ttft")}
@@ -187,6 +189,24 @@ def speculative_measurement(**changes) -> dict:
     return {"alpha": 0.5, "k": 4, "context_len": 4096, "break_even_batch": b,
             "speedup_batch1": steps[0].speedup, "speedup_before": steps[b - 2].speedup,
             "speedup_at_break_even": steps[b - 1].speedup} | changes
+
+
+def determinism_measurement(**changes) -> dict:
+    """Lab 10's challenge answered from the reference: the float32 split-K sums of the challenge's
+    vector for every power-of-two split, and the split farthest from the exact sum."""
+    import math
+
+    from ai_evolution.checks.determinism import challenge_values
+    from ai_evolution.reference.determinism import reference_split_sum
+    v = challenge_values()
+    splits = [2 ** j for j in range(13)]
+    results = [reference_split_sum(v, s) for s in splits]
+    exact = math.fsum(float(x) for x in v)
+    errors = [abs(r - exact) for r in results]
+    worst = max(range(13), key=lambda j: (errors[j], -splits[j]))
+    return {"n": 4096, "seed": 10, "split_sizes": splits, "results": results,
+            "distinct_results": len(set(results)), "exact_sum": exact,
+            "worst_split": splits[worst], "worst_abs_error": errors[worst]} | changes
 
 
 def quantization_measurement(**changes) -> dict:
@@ -714,6 +734,49 @@ def speedup_table(alpha, cost_ratio, k_max):
         tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha != 1 else float("nan")
         s.append(tokens / (1 + k * cost_ratio))
     return {"speedup": s, "best_k": 1 + max(range(k_max), key=lambda i: (s[i], -i))}
+'''),
+    ],
+    "determinism": [
+        ("invariant_linear", "F.linear con el lote entero: la fila depende del lote", '''
+def invariant_linear(x, weight, bias=None):
+    return F.linear(x, weight, bias)
+'''),
+        ("invariant_linear", "invariante pero sin el sesgo", '''
+def invariant_linear(x, weight, bias=None):
+    return torch.cat([F.linear(x[i:i + 1], weight) for i in range(x.shape[0])])
+'''),
+        ("invariant_linear", "calcula en float32 y no vuelve al dtype de x", '''
+def invariant_linear(x, weight, bias=None):
+    return torch.cat([F.linear(x[i:i + 1].float(), weight.float(),
+                               None if bias is None else bias.float()) for i in range(x.shape[0])])
+'''),
+        ("compare_runs", "compara los logits con tolerancia", '''
+_ok = compare_runs
+def compare_runs(solo_tokens, solo_logits, batch_tokens, batch_logits):
+    out = _ok(solo_tokens, solo_logits, batch_tokens, batch_logits)
+    n = min(solo_logits.shape[0], batch_logits.shape[0])
+    if out["first_token_step"] is not None:
+        n = min(n, out["first_token_step"] + 1)
+    close = [i for i in range(n) if not torch.allclose(solo_logits[i], batch_logits[i], atol=1e-3)]
+    out["first_logit_step"] = close[0] if close else None
+    return out
+'''),
+        ("compare_runs", "cuenta los logits después de que cambió el texto", '''
+_ok = compare_runs
+def compare_runs(solo_tokens, solo_logits, batch_tokens, batch_logits):
+    out = _ok(solo_tokens, solo_logits, batch_tokens, batch_logits)
+    n = min(solo_logits.shape[0], batch_logits.shape[0])
+    out["max_abs_diff"] = float((solo_logits[:n] - batch_logits[:n]).abs().max()) if n else 0.0
+    return out
+'''),
+        ("compare_runs", "no ve que una ejecución es prefijo de la otra", '''
+_ok = compare_runs
+def compare_runs(solo_tokens, solo_logits, batch_tokens, batch_logits):
+    out = _ok(solo_tokens, solo_logits, batch_tokens, batch_logits)
+    a, b = list(solo_tokens), list(batch_tokens)
+    if len(a) != len(b) and a[:len(b)] == b[:len(a)]:
+        out["first_token_step"] = None
+    return out
 '''),
     ],
 }
