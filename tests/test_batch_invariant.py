@@ -156,6 +156,41 @@ def test_a_students_matmul_runs_every_linear_of_the_engine():
     assert calls and set(calls) == {4}
 
 
+def test_with_tile_rows_none_the_students_matmul_alone_decides_the_linears_bits():
+    """tile_rows=None hands the student's linear every row of the step: a row-at-a-time matmul
+    keeps a request's fp32 logits bit-equal alone and in a batch; the whole-batch F.linear does
+    not where this CPU's kernels change the sum with the number of rows (measured here in fp32:
+    GEMV for one row, GEMM for several; in bf16 this CPU's linears happen to keep the bits, and
+    the batch changes them through attention)."""
+    from ai_evolution.reference.determinism import reference_invariant_linear
+
+    seen = []
+
+    def row_by_row(x, weight, bias=None):
+        seen.append(x.shape[0])
+        return reference_invariant_linear(x, weight, bias)
+
+    model = load_model("tiny-es", dtype=torch.float32)
+    prompts = _prompts()
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    def logits(linear, batch):
+        llm = LLM(model, max_num_seqs=len(batch), max_model_len=128, batch_invariant=True,
+                  kernels=BatchInvariantKernels(linear=linear, tile_rows=None))
+        return generate_with_logits(llm, batch, params)[0][1]
+
+    assert torch.equal(logits(row_by_row, prompts[:1]), logits(row_by_row, prompts))
+    assert max(seen) > 1  # the step's rows arrived together: the function did the work
+    if torch.equal(logits(F.linear, prompts[:1]), logits(F.linear, prompts)):
+        pytest.skip("on this CPU the whole-batch fp32 F.linear happened to keep the bits here")
+
+
+def test_tile_rows_is_an_integer_or_none():
+    assert BatchInvariantKernels(tile_rows=None).tile_rows is None
+    with pytest.raises(ValueError, match="entero >= 1 o None"):
+        BatchInvariantKernels(tile_rows=0)
+
+
 @pytest.mark.parametrize("bad", ["yes", 1, None])
 def test_batch_invariant_must_be_a_bool(bad):
     with pytest.raises(ValueError, match="batch_invariant debe ser True o False"):

@@ -91,6 +91,15 @@ def tightest_prompt(model, prompts: list[list[int]], new_tokens: int,
     return {"index": index, "gap": gaps[index][0], "step": gaps[index][1]}
 
 
+def follow_tightest(model, mixed: list[list[int]], candidates: list[list[int]],
+                    params: dict) -> tuple[list[list[int]], dict]:
+    """The prompts in the order the lab serves them: first the candidate closest to a tie
+    (:func:`tightest_prompt`, the request followed), then the mixed-length others; and the tie."""
+    tight = tightest_prompt(model, candidates, params["composition_tokens"], params["max_model_len"])
+    i = tight["index"]
+    return [candidates[i]] + mixed[:i] + mixed[i + 1:], tight
+
+
 def make_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     """``count`` seeded prompts (ids 3.. to skip the special ones): the first of ``length``
     tokens, the others between half and twice as long, as real traffic mixes lengths."""
@@ -387,11 +396,8 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         corpus, candidates = served_prompts(params, seed)
         for name in dtypes:
             models[name] = load_model(params["model"], seed, device, dtype=DTYPES[name])
-            # the request followed is the one closest to a tie; the others, of mixed lengths
-            tight = tightest_prompt(models[name], candidates, params["composition_tokens"],
-                                    params["max_model_len"])
-            i = tight["index"]
-            ordered[name] = prompts = [candidates[i]] + corpus[:i] + corpus[i + 1:]
+            ordered[name], _ = follow_tightest(models[name], corpus, candidates, params)
+            prompts = ordered[name]
             divergence[name] = measure_divergence(models[name], prompts, params["batch_sizes"],
                                                   params["new_tokens"], params["max_model_len"])
         sampled = SamplingParams(max_tokens=params["new_tokens"], ignore_eos=True,
