@@ -35,6 +35,11 @@ def test_a_real_run_gives_bit_equal_logits_with_the_mode_and_rebuilds_its_claims
         assert all(row["bit_equal"] and row["max_abs_diff"] == 0.0 for row in rows)
     for case in r["identical"].values():
         assert case["invariant"]["distinct"] == 1 and case["invariant"]["copies"] == 6
+    (composed,) = r["composed"].values()
+    assert composed["invariant"]["copies"] == 4 and composed["invariant"]["distinct"] == 1
+    assert composed["invariant"]["differing_from_solo"] == 0
+    assert composed["invariant"]["first_logit_steps"] == [None] * 4
+    assert composed["usual"]["batch_sizes"][0] == 1  # the first copy is served alone
     # fp32 on this CPU: the usual kernels change the bits with the batch (the GEMV/GEMM switch)
     assert max(row["max_abs_diff"] for row in r["divergence"]["fp32"]["usual"]) > 0
 
@@ -69,6 +74,37 @@ def test_verdicts_take_the_branch_the_numbers_call_for():
     assert f.criteria_met == {"invariant_logits": False, "invariant_composed": False,
                              "invariant_identical": False}
     assert "ni sus logits" in lab.divergence_sentence("bf16", broken["bf16"]["usual"])
+
+
+def test_composed_verdicts_and_sentence_take_the_branch_the_numbers_call_for():
+    def modes(usual_steps, invariant_steps):
+        def one(steps):
+            differ = sum(x is not None for x in steps)
+            return {"copies": len(steps), "distinct": 1 + bool(differ), "differing_from_solo": differ,
+                    "batch_sizes": [1, 4, 9], "first_token_steps": steps,
+                    "first_logit_steps": [None if x is None else 1 for x in steps],
+                    "max_abs_diff": 0.0625 if differ else 0.0}
+        return {"usual": one(usual_steps), "invariant": one(invariant_steps)}
+
+    diverged = {"voraz bf16": modes([None, 8, 8], [None, None, None])}
+    found = lab.verdicts({}, {}, diverged)
+    assert found["composed_usual"].outcome == claims.FAILED
+    assert found["composed_invariant"].outcome == claims.PASSED
+    assert "2 de 2 copias" in lab.composed_sentence("voraz bf16", diverged["voraz bf16"]["usual"])
+    calm = {"voraz bf16": modes([None, None, None], [None, 3, None])}
+    f = lab.Findings.from_measurements({}, {}, {}, composed=calm)
+    assert f.found["composed_usual"].outcome == claims.PASSED    # no divergence here: said so
+    assert "no divergió" in f.found["composed_usual"].text
+    assert f.criteria_met["invariant_composed"] is False
+    assert "ninguna de las 3 copias" in lab.composed_sentence("voraz bf16", calm["voraz bf16"]["usual"])
+
+
+def test_compositions_are_seeded_and_the_first_copy_is_alone():
+    pool = [[i] * 10 for i in range(3, 20)]
+    a, b = lab.compositions(6, pool, 8, seed=1), lab.compositions(6, pool, 8, seed=1)
+    assert a == b and a[0] == {"others": [], "place": 0}
+    assert all(2 <= len(c["others"]) + 1 <= 8 for c in a[1:])
+    assert a != lab.compositions(6, pool, 8, seed=2)
 
 
 def test_first_divergence():
