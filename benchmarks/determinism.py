@@ -26,12 +26,11 @@ import argparse
 import random
 import statistics
 import sys
-import time
 
 import torch
 
 from ai_evolution import claims
-from ai_evolution.engine import SamplingParams, build_engine
+from ai_evolution.labs.determinism import timed_run
 from ai_evolution.model import load_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -39,16 +38,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def serve(model, prompts, new_tokens: int, invariant: bool) -> tuple[float, float, list]:
     """(output tokens/s, median decode-only step in ms, the outputs) of one engine run."""
-    engine = build_engine(model, max_num_seqs=len(prompts), max_model_len=512,
-                          batch_invariant=invariant)
-    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-    start = time.perf_counter()
-    requests = engine.run([(0.0, p, params) for p in prompts])
-    wall = time.perf_counter() - start
-    decode = [h.duration for h in engine.history
-              if all(e.num_tokens == 1 for e in h.scheduled)]
-    return (len(prompts) * new_tokens / wall, 1e3 * statistics.median(decode),
-            [r.output_token_ids for r in requests])
+    return timed_run(model, prompts, new_tokens, invariant)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,8 @@ from ai_evolution.labs import determinism as lab
 
 # A real, small ``ci`` run (seconds).
 FAST = dict(dtypes=["fp32", "bf16"], batch_sizes=[2, 8], prompts=8, prompt_len=8, new_tokens=6,
-            copies=4, composition_batch=6, composition_tokens=8,
+            copies=4, composition_batch=6, composition_tokens=8, cost_batches=[1, 2], cost_tokens=3,
+            cost_reps=2,
             identical=6, rate=200.0, max_num_seqs=8)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

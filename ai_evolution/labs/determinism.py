@@ -24,14 +24,15 @@ claim; :func:`report` turns them into the contract's body; ``run`` = measure + f
 from __future__ import annotations
 
 import random
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
 
 from .. import claims
-from ..engine import LLM, SamplingParams
+from ..engine import LLM, SamplingParams, build_engine
 from ..engine.batch_invariant import generate_with_logits
-from ..fmt import es
 from ..hardware import supported_dtypes
 from ..loadgen.arrivals import poisson_arrivals
 from ..model import load_model
@@ -215,6 +216,51 @@ def measure_identical(model, prompts: list[list[int]], params: dict, sampling: S
     return out
 
 
+# --- 4. what the mode costs -----------------------------------------------------------------------
+
+def timed_run(model, prompts: list[list[int]], new_tokens: int, invariant: bool,
+              max_model_len: int = 512) -> tuple[float, float, list]:
+    """One engine run of ``prompts`` (greedy, all arriving at t = 0): (output tokens/s, median
+    decode-only step in ms, the outputs)."""
+    engine = build_engine(model, max_num_seqs=len(prompts), max_model_len=max_model_len,
+                          batch_invariant=invariant)
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    requests = engine.run([(0.0, p, params) for p in prompts])
+    wall = time.perf_counter() - start
+    decode = [h.duration for h in engine.history if all(e.num_tokens == 1 for e in h.scheduled)]
+    return (len(prompts) * new_tokens / wall, 1e3 * statistics.median(decode),
+            [r.output_token_ids for r in requests])
+
+
+def measure_cost(model, prompts: list[list[int]], params: dict) -> dict:
+    """Tokens/s and the median decode step without and with the mode, for each of
+    ``cost_batches``, the two alternating rep by rep (``cost_reps`` pairs) so that the shared
+    machine's drift hits both alike. Measured time: volatile."""
+    out = {}
+    for b in params["cost_batches"]:
+        batch = prompts[:b]
+        timed_run(model, batch, 2, False, params["max_model_len"])  # warm-up
+        timed_run(model, batch, 2, True, params["max_model_len"])
+        runs = {mode: [] for mode in MODES}
+        for _ in range(params["cost_reps"]):
+            for mode, invariant in MODES.items():
+                runs[mode].append(timed_run(model, batch, params["cost_tokens"], invariant,
+                                            params["max_model_len"])[:2])
+        out[str(b)] = {mode: {"tokens_per_s": [r[0] for r in rs], "step_ms": [r[1] for r in rs]}
+                       for mode, rs in runs.items()}
+    return out
+
+
+def cost_verdicts(cost: dict) -> dict[str, claims.Claim]:
+    """Per batch size: is the usual engine faster than the mode (ratio of tokens/s)?"""
+    return {f"cost_b{b}": claims.compare(
+        r["usual"]["tokens_per_s"], r["invariant"]["tokens_per_s"],
+        what=f"tokens/s con los kernels habituales / con el modo, lote {b}",
+        higher="el modo cuesta rendimiento en esta máquina",
+        lower="el modo es más rápido en esta máquina") for b, r in cost.items()}
+
+
 # --- findings ------------------------------------------------------------------------------------
 
 def _worst(rows: list[dict]) -> float:
@@ -288,14 +334,15 @@ class Findings:
     identical: dict
     found: dict[str, claims.Claim]
     composed: dict | None = None
+    cost: dict | None = None
 
     @classmethod
     def from_measurements(cls, params: dict, divergence: dict, identical: dict,
                           found: dict[str, claims.Claim] | None = None,
-                          composed: dict | None = None) -> "Findings":
-        return cls(params, divergence, identical,
-                   verdicts(divergence, identical, composed) if found is None else found,
-                   composed)
+                          composed: dict | None = None, cost: dict | None = None) -> "Findings":
+        if found is None:
+            found = verdicts(divergence, identical, composed) | cost_verdicts(cost or {})
+        return cls(params, divergence, identical, found, composed, cost)
 
     @property
     def criteria_met(self) -> dict[str, bool]:
@@ -356,11 +403,13 @@ def report(f: Findings) -> dict:
                                 default=-1), "paso", source="measured"))
     for case in f.identical:
         evidence += [f.found[f"identical_{case}_{m}"].evidence("fracción") for m in MODES]
+    evidence += [f.found[f"cost_b{b}"].evidence("veces") for b in (f.cost or {})]
     evidence.append(_ev(criteria_sentence(f.criteria_met), sum(f.criteria_met.values()),
                         "criterios", source="measured"))
     return {
         "environment": {"model": f.params["model"]},
         "results": {"divergence": f.divergence, "composed": f.composed, "identical": f.identical,
+                    "cost": f.cost,
                     "chapter_criteria": f.criteria_met},
         "evidence": evidence,
         "limitations": [
@@ -372,7 +421,7 @@ def report(f: Findings) -> dict:
             "misma: el orden de la suma depende de la forma del lote.",
             threads_limitation(f.params["torch_threads"]),
         ],
-        "volatile_fields": ["results.identical"],
+        "volatile_fields": ["results.identical", "results.cost"],
     }
 
 
@@ -380,6 +429,9 @@ def check_params(params: dict) -> None:
     if params["composition_batch"] > params["prompts"]:
         raise LabParamError(f"composition_batch ({params['composition_batch']}) no puede pasar del "
                             f"número de prompts ({params['prompts']})")
+    if max(params["cost_batches"]) > params["prompts"]:
+        raise LabParamError(f"el lote mayor de cost_batches ({max(params['cost_batches'])}) no "
+                            f"puede pasar del número de prompts ({params['prompts']})")
     if max(params["batch_sizes"]) > params["prompts"]:
         raise LabParamError(f"el lote mayor ({max(params['batch_sizes'])}) no puede pasar del número "
                             f"de prompts ({params['prompts']})")
@@ -411,7 +463,9 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
             f"muestreo {half}": measure_identical(models[half], prompts, params, sampled, seed),
             f"voraz {half}": measure_identical(models[half], prompts, params, greedy, seed),
         }
-    return report(Findings.from_measurements(params, divergence, identical, composed=composed))
+        cost = measure_cost(models[half], prompts, params)
+    return report(Findings.from_measurements(params, divergence, identical, composed=composed,
+                                             cost=cost))
 
 
 SPEC = LabSpec(
@@ -444,6 +498,11 @@ SPEC = LabSpec(
         "max_num_seqs": Param(16, int, "lote máximo del motor bajo carga", min=1, max=64),
         "temperature": Param(0.8, float, "temperatura de las copias muestreadas", min=0.05,
                              max=2.0),
+        "cost_batches": Param([1, 8, 32], int, "lotes en los que se mide el coste del modo", min=1,
+                              max=64, is_list=True, by_profile={"ci": [1, 8]}),
+        "cost_tokens": Param(16, int, "tokens por petición al medir el coste", min=2, max=128,
+                             by_profile={"ci": 8}),
+        "cost_reps": Param(5, int, "pares intercalados al medir el coste", min=2, max=50),
         "torch_threads": Param(0, int, "hilos de torch durante el laboratorio (0: los que elija "
                                "torch)", min=0, max=256, by_profile={"ci": 1}),
     },
