@@ -20,7 +20,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple, Protocol, Sequence
 
-from .drafter import DraftProposer
+from .drafter import DraftProposer, NgramProposer
 from .request import Request, RequestOutput, RequestRejected, SamplingParams, validate_prompt
 from .scheduler import PolicyError, Scheduler
 from .step import SchedulerOutput, StepResult
@@ -102,7 +102,8 @@ class LLMEngine:
     """Scheduler + executor + the requests' timing records."""
 
     def __init__(self, scheduler: Scheduler, executor: Executor, vocab_size: int,
-                 eos_token_id: int | None = None, drafter: DraftProposer | None = None) -> None:
+                 eos_token_id: int | None = None,
+                 drafter: DraftProposer | NgramProposer | None = None) -> None:
         check_kv = getattr(executor, "check_kv", None)  # (the simulator holds no KV tensors)
         if check_kv is not None:
             check_kv(scheduler.kv, scheduler.max_model_len)
