@@ -84,17 +84,22 @@ def test_stop_tokens_inside_an_accepted_run_end_the_request_there(target, work):
         assert r.finish_reason.value == "stop"
 
 
-def test_sampled_requests_do_not_speculate_and_keep_their_seeded_tokens(target, work):
+def test_sampled_requests_speculate_beside_greedy_ones_and_repeat_with_their_seed(target, work):
     prompts, refs = work
     sampled = SamplingParams(max_tokens=10, temperature=0.8, seed=7, ignore_eos=True)
-    alone = build_engine(target, max_num_seqs=3, max_model_len=96)
-    solo = alone.run([(0.0, prompts[0], sampled)])[0].output_token_ids
-    engine = build_engine(target, max_num_seqs=3, max_model_len=96, draft_model=target,
-                          num_speculative_tokens=3)
-    reqs = engine.run([(0.0, prompts[0], sampled),
-                       (0.0, prompts[1], SamplingParams(max_tokens=18, ignore_eos=True))])
-    assert reqs[0].output_token_ids == solo and reqs[0].num_draft_tokens == 0
+
+    def run():
+        engine = build_engine(target, max_num_seqs=3, max_model_len=96, draft_model=target,
+                              num_speculative_tokens=3)
+        return engine.run([(0.0, prompts[0], sampled),
+                           (0.0, prompts[1], SamplingParams(max_tokens=18, ignore_eos=True))])
+
+    reqs = run()
+    assert reqs[0].num_draft_tokens > 0 and len(reqs[0].output_token_ids) == 10
+    # the draft is the target itself: p = q, so rejection sampling keeps every proposal
+    assert reqs[0].num_accepted_tokens == reqs[0].num_draft_tokens
     assert reqs[1].output_token_ids == refs[1] and reqs[1].num_draft_tokens > 0
+    assert run()[0].output_token_ids == reqs[0].output_token_ids  # same seed, same tokens
 
 
 def test_a_draft_with_another_vocabulary_or_a_bad_k_is_refused_in_spanish(target):
@@ -146,7 +151,7 @@ def test_ngram_speculation_gives_the_targets_greedy_tokens_beside_sampled_reques
     reqs = engine.run(arrivals[:2] + [(0.0, prompts[0], sampled)] + arrivals[2:])
     sampled_req = reqs.pop(2)
     assert [r.output_token_ids for r in reqs] == refs
-    assert sampled_req.output_token_ids == solo_sampled and sampled_req.num_draft_tokens == 0
+    assert len(sampled_req.output_token_ids) == 8 and sampled_req.output_token_ids[0] == solo_sampled[0]
     proposed = sum(r.num_draft_tokens for r in reqs)
     accepted = sum(r.num_accepted_tokens for r in reqs)
     assert proposed > 0 and 0 < accepted <= proposed
@@ -212,3 +217,68 @@ def test_the_server_takes_vllms_speculative_config_flag():
         method="ngram", num_speculative_tokens=3, prompt_lookup_min=4, prompt_lookup_max=4)
     with pytest.raises(SystemExit, match="no es válido: method='x' no está soportado"):
         engine_config(parser().parse_args(["--speculative-config", '{"method": "x"}']))
+
+
+# --- sampled requests: rejection sampling in the engine -------------------------------------------
+def tiny_vocab_model(seed: int, vocab: int = 6, init_std: float = 0.5):
+    """A random one-layer model over a tiny vocabulary, with sharp enough distributions (a large
+    init) that a draft of another seed disagrees with it often."""
+    from ai_evolution.model.checkpoint import random_model
+
+    config = get_preset("tiny-es").replace(vocab_size=vocab, num_layers=1, hidden_size=32,
+                                           num_heads=2, num_kv_heads=1, head_dim=16,
+                                           intermediate_size=64, name=f"v{vocab}-{seed}",
+                                           max_position_embeddings=32)
+    return random_model(config, seed=seed, init_std=init_std)
+
+
+def exact_pair_distribution(model, prompt, temperature):
+    """P(t1, t2) of plain sampling after ``prompt``: p(t1) p(t2 | t1), flattened ``[V * V]``."""
+    from ai_evolution.model.sampling import token_probs
+
+    with torch.inference_mode():
+        first = token_probs(model(torch.tensor([prompt]))[0, -1].float(), temperature)
+        rows = [first[t] * token_probs(model(torch.tensor([prompt + [t]]))[0, -1].float(), temperature)
+                for t in range(len(first))]
+    return torch.cat(rows).double()
+
+
+INIT_STD = 0.3  # flat enough that proposals are often neither sure nor hopeless
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_sampled_speculation_emits_the_targets_distribution(method):
+    vocab, temperature, n = 6, 1.0, 4000
+    target = tiny_vocab_model(1, vocab, init_std=INIT_STD)
+    # the model's own greedy text, twice: the n-gram proposes what followed the last token there
+    prompt = generate(target, [1], 7)[0] * 2
+    spec = ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
+             "prompt_lookup_max": 2} if method == "ngram" else
+            {"model": tiny_vocab_model(2, vocab, init_std=INIT_STD), "num_speculative_tokens": 2})
+    engine = build_engine(target, max_num_seqs=64, max_model_len=32, speculative_config=spec)
+    reqs = engine.run([(0.0, prompt, SamplingParams(max_tokens=3, temperature=temperature,
+                                                     seed=i, ignore_eos=True))
+                       for i in range(n)])
+    pairs = torch.tensor([r.output_token_ids[0] * vocab + r.output_token_ids[1] for r in reqs])
+    counts = torch.bincount(pairs, minlength=vocab * vocab)
+    want = exact_pair_distribution(target, prompt, temperature)
+    # the second token came from a verification (one draft: the third is the last), some
+    # proposals kept, some rejected
+    proposed = sum(r.num_draft_tokens for r in reqs)
+    accepted = sum(r.num_accepted_tokens for r in reqs)
+    assert proposed > n // 4 and 0 < accepted < 0.9 * proposed
+    assert pooled_gof(counts, want, n) > 1e-3
+    # control: the same test tells a wrong distribution (the first token's, reused) apart
+    wrong = want.view(vocab, vocab).sum(1, keepdim=True) * want.view(vocab, vocab).sum(0)
+    assert pooled_gof(counts, wrong.flatten(), n) < 1e-3
+
+
+def pooled_gof(counts, probs, n: int) -> float:
+    """Chi-square p-value with the cells expected fewer than 5 times pooled into one (the test's
+    approximation needs it)."""
+    from ai_evolution.speculative import chi_square_gof
+
+    small = probs * n < 5
+    c = torch.cat([counts[~small].double(), counts[small].double().sum()[None]])
+    p = torch.cat([probs[~small], probs[small].sum()[None]])
+    return chi_square_gof(c, p)["p_value"]
