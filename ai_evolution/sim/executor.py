@@ -42,13 +42,16 @@ SIM_TOKEN = 0
 class SimSpeculation:
     """Speculation in the simulator: ``num_speculative_tokens`` drafts per step, each kept with
     probability ``alpha`` (measured on a real run, or assumed); ``draft_config``: the draft
-    model whose decode steps cost the proposals (None: n-gram proposals, free); ``seed``: the
+    model whose decode steps cost the proposals (None: n-gram proposals, free), timed by
+    ``draft_cost_model`` (default: the executor's; a draft forward outside the engine's step
+    has less overhead than a whole step, so a lab fits the draft's own); ``seed``: the
     acceptance draws."""
 
     alpha: float
     num_speculative_tokens: int
     draft_config: ModelConfig | None = None
     seed: int = 0
+    draft_cost_model: RooflineCostModel | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.alpha, bool) or not 0.0 <= self.alpha <= 1.0:
@@ -114,7 +117,8 @@ class SimExecutor:
         spec = self.speculation
         if spec is None or spec.draft_config is None:
             return 0.0
-        return sum(self.cost_model.step_time_s(step_cost(spec.draft_config, [1], [s.start + j + 1],
+        cost_model = spec.draft_cost_model or self.cost_model
+        return sum(cost_model.step_time_s(step_cost(spec.draft_config, [1], [s.start + j + 1],
                                                          self.dtype))
                    for s in out.scheduled for j in range(len(s.draft_token_ids)))
 
