@@ -30,7 +30,8 @@ class LLM:
     policy function; ``kv_layout`` is ``"contiguous"`` (one row of ``max_model_len`` per request)
     or ``"paged"`` (``num_blocks`` blocks of ``block_size`` tokens, prefix caching unless
     disabled); ``speculative_config={"model": "tiny-es-draft", "num_speculative_tokens": 4}``
-    turns on speculative decoding; ``enforce_eager=True`` turns off the CUDA graphs of decode
+    (a draft model) or ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}``
+    (prompt lookup) turns on speculative decoding; ``enforce_eager=True`` turns off the CUDA graphs of decode
     steps (on a GPU they are on). See ``EngineConfig`` for the rest.
     """
 

@@ -16,12 +16,12 @@
 5. Sampling verification (measured, :func:`measure_distribution`): tokens emitted by the
    accept / residual rule on a small vocabulary, against the target's distribution (chi-square),
    and the draft's own samples as a negative control.
+6. The H100 prediction (computed, :func:`h100_prediction`): Llama 3.1 8B with a Llama 3.2 1B
+   draft, speedup vs batch size from the roofline cost model.
 7. Where n-gram speculation pays (measured, :func:`measure_ngram`): a copy-heavy workload
    ("repeat this paragraph") and a free-generation one, each request served alone by the engine
    plainly, with n-gram proposals (``method="ngram"``) and with the draft model, interleaved;
    acceptance, tokens per step, speedup, and how much of the paragraph the model really copies.
-6. The H100 prediction (computed, :func:`h100_prediction`): Llama 3.1 8B with a Llama 3.2 1B
-   draft, speedup vs batch size from the roofline cost model.
 
 :class:`Findings` holds the measurements and every conclusion about this machine, each a
 :mod:`ai_evolution.claims` claim; :func:`report` turns the findings into the contract's body.
@@ -729,6 +729,10 @@ def _limitations(f: Findings) -> list[str]:
         "libro, con prompts cortos; otro texto da otro α.",
         "La predicción de la H100 usa el roofline de la hoja de datos sin sobrecarga y un α "
         "supuesto, no medido con esos modelos.",
+        "Las cargas «copia» y «libre» salen del texto reservado del corpus y las sirve un modelo "
+        "de unos pocos millones de parámetros: lo que gana el n-grama depende de cuánto copie el "
+        "modelo (la fracción copiada medida), y un modelo grande que copie puede dar otro "
+        "resultado.",
         timing_limitation(f.timing["repeats"]),
         threads_limitation(f.timing["torch_threads"]),
     ]
