@@ -17,8 +17,8 @@ Checks:
   served alone, in fp16 (what a T4 serves in) and bf16 where the device has it;
 - ``hf-logits``: the decoder's logits against transformers on the same weights (fp32);
 - ``kv-int8``: the engine on an int8 KV cache gives the generator's tokens on the same cache;
-- ``speculative``: the engine with a draft (the target itself: every proposal accepted) gives
-  uncached greedy tokens in fewer steps;
+- ``speculative``: the engine with a draft (the target itself: every proposal accepted), and with
+  n-gram proposals, gives uncached greedy tokens (with the draft, in fewer steps);
 - ``quant-<fmt>``: the quantized model's fused kernels (``kernels``) match dequantize-then-matmul
   and the engine serves it with the generator's tokens;
 - ``flash``: greedy generation with the tiled attention equals the reference; which SDPA
@@ -148,11 +148,17 @@ def check_speculative(device: torch.device, quick: bool) -> str:
     plain = build_engine(model, max_num_seqs=4, max_model_len=256, kv_layout="paged")
     spec = build_engine(model, max_num_seqs=4, max_model_len=256, kv_layout="paged",
                         draft_model=model, num_speculative_tokens=4)
+    ngram = build_engine(model, max_num_seqs=4, max_model_len=256, kv_layout="paged",
+                         speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                             "prompt_lookup_min": 1, "prompt_lookup_max": 3})
     ref = [r.output_token_ids for r in plain.run(items)]
     got = [r.output_token_ids for r in spec.run(items)]
     if got != ref:
         raise AssertionError("speculative output differs from plain greedy")
-    return f"identical; steps {len(spec.history)} vs {len(plain.history)} without a draft"
+    if [r.output_token_ids for r in ngram.run(items)] != ref:
+        raise AssertionError("n-gram speculative output differs from plain greedy")
+    return (f"identical (draft and n-gram); steps {len(spec.history)} with a draft, "
+            f"{len(ngram.history)} with n-grams, {len(plain.history)} without")
 
 
 def check_quant(device: torch.device, fmt: str, quick: bool) -> str:

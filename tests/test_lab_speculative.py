@@ -19,7 +19,8 @@ from ai_evolution.speculative import SpecStep, SpeculativeOutput, greedy_accept
 PARAMS = get_spec("speculative").resolve_params("ci", {})
 # A real, small ``ci`` run (seconds).
 FAST = dict(ks=[1, 3], prompts=2, new_tokens=10, repeats=2, step_repeats=3, batch_sizes=[1, 2],
-            engine_repeats=2, engine_tokens=6, gof_samples=2000, h100_k=3)
+            engine_repeats=2, engine_tokens=6, gof_samples=2000, h100_k=3, ngram_ks=[2],
+            ngram_prompts=2, ngram_passage=16, ngram_tokens=6, ngram_repeats=2)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,11 +33,17 @@ def contract():
 def test_every_claim_of_a_real_contract_rebuilds_from_its_inputs(contract):
     assert claims.recheck_contract(contract) == []
     kinds = sorted(item["claim"]["kind"] for item in claims.claims_of(contract))
-    # speedup per k (2) and per batch (2); formula per k (2), exactness (2), distribution (2)
-    assert kinds == ["compare"] * 4 + ["threshold"] * 6
+    # speedup per k (2), per batch (2) and per workload and method (2 x 2); formula per k >= 2
+    # (1: at k = 1 it is an identity), exactness (2), distribution (2)
+    assert kinds == ["compare"] * 8 + ["threshold"] * 5
+    assert "formula_k1" not in lab.formula_verdicts(contract["results"]["acceptance"])
     r = contract["results"]
     assert r["chapter_criteria"] == {"exact_loop": True, "exact_engine": True, "replay": True,
-                                     "distribution": True, "control": True}
+                                     "distribution": True, "control": True, "exact_ngram": True}
+    for w in r["ngram"]["workloads"].values():
+        assert [row["k"] for row in w["per_k"]] == [2]
+        assert len(w["per_k"][0]["ms"]["ngram"]) == 2 * 2
+    assert 0 <= r["ngram"]["workloads"]["copia"]["copy_rate"] <= 1
     acc = r["acceptance"]
     assert [row["k"] for row in acc["per_k"]] == [1, 3] and acc["runs_identical"] == 4
     for row in acc["per_k"]:
@@ -125,6 +132,53 @@ def test_formula_claim_passes_near_the_prediction_and_fails_far_from_it():
     far = lab.formula_verdicts(acceptance([row(2, 0.5, 1.20)]))["formula_k2"]
     assert near.outcome == claims.PASSED and far.outcome == claims.FAILED
     assert "no es la misma en cada posición" in far.text
+
+
+def test_best_k_sentence_says_when_no_k_pays():
+    def claim(outcome, value):
+        return claims.Claim("compare", outcome, "", value, {})
+
+    slower = {1: claim(claims.LOWER, 0.84), 2: claim(claims.LOWER, 0.72)}
+    text = lab.best_k_sentence(slower, {1: 0.9, 2: 0.8})
+    assert text.startswith("Ningún k paga aquí") and "el menos malo, k = 1, da 0,84" in text
+    assert "tampoco ve ningún k que pague" in text and "mejor k medido" not in text
+    mixed = {1: claim(claims.INCONCLUSIVE, 1.02), 2: claim(claims.LOWER, 0.9)}
+    assert lab.best_k_sentence(mixed, {1: 1.1, 2: 1.2}).startswith(
+        "Ningún k paga de forma concluyente aquí (la mayor aceleración medida, con k = 1, es 1,02)")
+    assert "elige k = 2 y predice 1,20" in lab.best_k_sentence(mixed, {1: 1.1, 2: 1.2})
+    paying = {1: claim(claims.HIGHER, 1.3), 2: claim(claims.HIGHER, 1.5), 4: claim(claims.INCONCLUSIVE, 1.6)}
+    assert lab.best_k_sentence(paying, {1: 1.2, 2: 1.4, 4: 1.3}).startswith(
+        "El mejor k medido fue 2, con una aceleración de 1,50")
+
+
+def test_ngram_sentence_explains_from_the_copy_rate():
+    def claim(outcome, value):
+        return claims.Claim("compare", outcome, "", value, {})
+
+    def workload(copy_rate):
+        return {"copy_rate": copy_rate, "per_k": [{"k": 2, "ngram": {"acceptance": 0.8,
+                                                                      "tokens_per_step": 2.4}}]}
+
+    found = {"ngram_copia_ngram_k2": claim(claims.HIGHER, 1.9),
+             "ngram_libre_ngram_k2": claim(claims.INCONCLUSIVE, 1.01)}
+    text = lab.ngram_sentence({"workloads": {"copia": workload(0.9), "libre": workload(None)}}, found)
+    assert "«copia» el n-grama paga (mejor k = 2: 1,90 veces, 80 % de" in text
+    assert "«libre» el n-grama no paga de forma concluyente" in text
+    assert "reproduce el 90 % de sus tokens en su sitio: copia" in text
+    found["ngram_copia_ngram_k2"] = claim(claims.LOWER, 0.8)
+    text = lab.ngram_sentence({"workloads": {"copia": workload(0.02), "libre": workload(None)}}, found)
+    assert "«copia» el n-grama no paga (" in text and "el 2 % de sus tokens en su sitio: no copia" in text
+
+
+def test_copy_rate_counts_tokens_in_their_place():
+    assert lab.copy_rate([[1, 2, 3], [4]], [[1, 9, 3, 7], [5, 6]]) == pytest.approx(2 / 4)
+
+
+def test_alpha_vs_c_sentence_takes_its_branch_from_the_numbers():
+    assert "0,30 no supera a c = 0,31" in lab.alpha_vs_c_sentence(0.3, 0.31)
+    assert lab.alpha_vs_c_sentence(0.3, 0.31).endswith("predice que la especulación no paga.")
+    assert lab.alpha_vs_c_sentence(0.6, 0.1).endswith("predice que la especulación paga.")
+    assert "gratis" not in lab.alpha_vs_c_sentence(0.6, 0.1)
 
 
 def test_a_mismatch_fails_the_exactness_criteria():

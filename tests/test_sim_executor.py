@@ -264,3 +264,70 @@ def test_fit_rejects_bad_input(costs, times, words):
         costs = [step_cost(cfg, [1], [10]), step_cost(cfg, [1, 1], [10, 10])]
     with pytest.raises(ValueError, match=re.escape(words)):
         fit_cost_model(costs, times, BW)
+
+
+# --- speculative steps (chapter 9) ---------------------------------------------------------------
+def spec_work(items):
+    return [(0.0, p, params(max(m, 6))) for p, m in items[:6]]
+
+
+def test_speculative_simulation_with_every_draft_kept_makes_the_real_engines_decisions(tiny, items):
+    from ai_evolution.engine import build_engine
+    from ai_evolution.sim import SimSpeculation
+
+    real = build_engine(tiny, max_num_seqs=3, max_model_len=MAX_LEN, draft_model=tiny,
+                        num_speculative_tokens=3)  # the target drafts for itself: all kept
+    real.run(spec_work(items))
+    sim = sim_engine(tiny.config, COST, 3, MAX_LEN, speculation=SimSpeculation(1.0, 3))
+    sim.run(spec_work(items))
+    assert schedule(sim) == schedule(real)
+    assert [e.num_draft_tokens for h in sim.history for e in h.scheduled] == \
+        [e.num_draft_tokens for h in real.history for e in h.scheduled]
+    assert sim.executor.num_accepted == sim.executor.num_drafts > 0
+
+
+def test_speculative_simulation_draws_the_acceptance_it_is_given(tiny, items):
+    from ai_evolution.sim import SimSpeculation
+    from ai_evolution.sim.speculation import expected_tokens_per_step
+
+    alpha, k = 0.6, 4
+    sim = sim_engine(tiny.config, COST, 8, MAX_LEN, speculation=SimSpeculation(alpha, k, seed=1))
+    reqs = sim.run([(0.0, p[:20], params(60)) for p, _ in items])
+    ex = sim.executor
+    assert ex.num_accepted / ex.num_examined == pytest.approx(alpha, abs=0.04)
+    # tokens per verification of k drafts: the formula's, within the draws' noise
+    full = [kept + 1 for drafted, kept in ex.verifications if drafted == k]
+    assert len(full) > 250
+    assert sum(full) / len(full) == pytest.approx(expected_tokens_per_step(alpha, k), rel=0.06)
+    assert all(len(r.output_token_ids) == 60 for r in reqs)
+    none = sim_engine(tiny.config, COST, 8, MAX_LEN, speculation=SimSpeculation(0.0, k))
+    assert none.run([(0.0, items[2][0], params(10))])[0].num_accepted_tokens == 0
+
+
+def test_a_draft_models_proposals_cost_its_decode_steps_and_ngrams_cost_nothing(tiny, items):
+    from ai_evolution.model import get_preset
+    from ai_evolution.sim import SimSpeculation
+
+    draft = get_preset("tiny-es").replace(num_layers=1, name="draft")
+    runs = {}
+    for name, cfg in (("ngram", None), ("draft", draft)):
+        sim = sim_engine(tiny.config, COST, 3, MAX_LEN, speculation=SimSpeculation(0.5, 3, cfg))
+        sim.run(spec_work(items))
+        runs[name] = sim
+    assert schedule(runs["ngram"]) == schedule(runs["draft"])  # same seed, same decisions
+    plain = sum(cost_of(tiny.config, h) for h in runs["ngram"].history)
+    assert runs["ngram"].executor.now() == pytest.approx(plain)
+    drafting = sum(COST.step_time_s(step_cost(draft, [1], [e.context_len - e.num_tokens + j + 1]))
+                   for h in runs["draft"].history for e in h.scheduled
+                   for j in range(e.num_draft_tokens))
+    assert drafting > 0
+    assert runs["draft"].executor.now() == pytest.approx(plain + drafting)
+
+
+@pytest.mark.parametrize("alpha, k, words", [(1.5, 2, "alpha .* entre 0 y 1"),
+                                             (0.5, 0, "num_speculative_tokens .* entero >= 1")])
+def test_sim_speculation_refuses_bad_values_in_spanish(alpha, k, words):
+    from ai_evolution.sim import SimSpeculation
+
+    with pytest.raises(ValueError, match=words):
+        SimSpeculation(alpha, k)

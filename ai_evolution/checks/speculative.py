@@ -84,7 +84,7 @@ def check_greedy_accept(fn: Callable, seed: int = 0, raise_on_fail: bool = True)
     return passed(name, len(cases))
 
 
-# --- exercise 3: the expected speedup and the best k -------------------------------------------------
+# --- exercise 2: the expected speedup and the best k -------------------------------------------------
 
 def speedup_cases(seed: int = 0) -> list[tuple[str, float, float, int]]:
     """(label, alpha, cost ratio, k_max)."""
@@ -157,7 +157,7 @@ def check_speedup_table(fn: Callable, seed: int = 0, raise_on_fail: bool = True)
     return passed(name, len(cases))
 
 
-# --- exercise 2: the rejection-sampling step ---------------------------------------------------------
+# --- exercise 3: the rejection-sampling step ---------------------------------------------------------
 
 def distribution_cases(seed: int = 0) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     t = lambda *x: torch.tensor(x, dtype=torch.float64)  # noqa: E731

@@ -23,7 +23,7 @@ from ..model.decoder import Transformer
 from ..model.kv_quant import check_kv_dtype
 from ..model.tokenizer import shipped_names
 from .batch_invariant import BatchInvariantKernels, DefaultKernels
-from .drafter import DraftProposer
+from .drafter import DraftProposer, NgramProposer, check_lookup_window
 from .graphs import GRAPH_BACKENDS
 from .kv_cache import ContiguousKVManager, KVCacheManager, KVManager
 from .llm_engine import Executor, LLMEngine
@@ -32,35 +32,67 @@ from .scheduler import POLICIES, Policy, Scheduler, check_positive_int, check_to
 
 KV_LAYOUTS = ("contiguous", "paged")
 DECODE_GRAPHS = ("auto", *GRAPH_BACKENDS, None)
-SPECULATIVE_METHODS = ("draft_model",)
+SPECULATIVE_METHODS = ("ngram", "draft_model")
+NGRAM_DEFAULT_WINDOW = 5  # vLLM's prompt_lookup_min = prompt_lookup_max when neither is given
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Speculative decoding (chapter 9): ``model`` proposes ``num_speculative_tokens`` draft
-    tokens per step for every greedy request, and the target verifies them in one forward pass
-    (``method="draft_model"``, the only one). ``model`` is a ``Transformer`` or anything ``LLM``
-    accepts as a model (a shipped name such as ``"tiny-es-draft"``, a folder, a Hub id)."""
+    """Speculative decoding (chapter 9), with vLLM's names: every greedy request gets up to
+    ``num_speculative_tokens`` draft tokens per step, and the target verifies them in one
+    forward pass.
 
-    model: Transformer | str | Path
+    ``method="ngram"`` (prompt lookup): the drafts are copied from the request's own context,
+    after the most recent earlier occurrence of its last ``n`` tokens, ``n`` from
+    ``prompt_lookup_max`` down to ``prompt_lookup_min`` (vLLM's defaults: 5 and 5; one given sets
+    the other). ``method="draft_model"``: ``model`` proposes them (a ``Transformer`` or anything
+    ``LLM`` accepts as a model: a shipped name such as ``"tiny-es-draft"``, a folder, a Hub id),
+    with the target's tokenizer. ``method=None`` means ``"draft_model"`` when a ``model`` is
+    given. Checked when made: a Spanish ``ValueError`` names the problem and the accepted values.
+    """
+
+    model: Transformer | str | Path | None = None
     num_speculative_tokens: int = 4
-    method: str = "draft_model"
+    method: str | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
 
     def __post_init__(self) -> None:
-        if self.method not in SPECULATIVE_METHODS:
-            raise ValueError(f"method={self.method!r} no está soportado; aceptados: "
+        method = self.method
+        if method is None:
+            if self.model is None:
+                raise ValueError("speculative_config necesita method (aceptados: "
+                                 f"{', '.join(SPECULATIVE_METHODS)}) o un model borrador")
+            method = "draft_model"
+        if method not in SPECULATIVE_METHODS:
+            raise ValueError(f"method={method!r} no está soportado; aceptados: "
                              f"{', '.join(SPECULATIVE_METHODS)}")
+        object.__setattr__(self, "method", method)
         check_positive_int("num_speculative_tokens (tokens borrador por paso)",
                            self.num_speculative_tokens)
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if method == "ngram":
+            if self.model is not None:
+                raise ValueError("method='ngram' no usa modelo borrador (las propuestas salen del "
+                                 "propio contexto); quite model o use method='draft_model'")
+            lo, hi = (NGRAM_DEFAULT_WINDOW if lo is None and hi is None else lo if lo is not None else hi,
+                      NGRAM_DEFAULT_WINDOW if lo is None and hi is None else hi if hi is not None else lo)
+            check_lookup_window(lo, hi)
+            object.__setattr__(self, "prompt_lookup_min", lo)
+            object.__setattr__(self, "prompt_lookup_max", hi)
+            return
+        if lo is not None or hi is not None:
+            raise ValueError("prompt_lookup_min y prompt_lookup_max solo valen con method='ngram'")
         if not isinstance(self.model, (Transformer, str, Path)):
-            raise ValueError(f"el modelo borrador debe ser un Transformer, el nombre de un modelo "
-                             f"incluido ({', '.join(shipped_names())}), una carpeta o un id del "
-                             f"Hub; se recibió {type(self.model).__name__}")
+            raise ValueError(f"method='draft_model' necesita model: un Transformer, el nombre de "
+                             f"un modelo incluido ({', '.join(shipped_names())}), una carpeta o un "
+                             f"id del Hub; se recibió {type(self.model).__name__}")
 
     @classmethod
     def of(cls, value) -> "SpeculativeConfig | None":
         """A ``SpeculativeConfig`` from itself, a dict of its fields (as vLLM's
-        ``speculative_config={"model": ..., "num_speculative_tokens": ...}``) or None."""
+        ``speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+        "prompt_lookup_max": 4}``) or None."""
         if value is None or isinstance(value, cls):
             return value
         if isinstance(value, dict):
@@ -70,8 +102,21 @@ class SpeculativeConfig:
                                  f"{', '.join(f.name for f in fields(cls))}")
             return cls(**value)
         raise ValueError("speculative_config debe ser un SpeculativeConfig, un dict con sus campos "
-                         f"(model, num_speculative_tokens, method) o None; se recibió "
+                         f"({', '.join(f.name for f in fields(cls))}) o None; se recibió "
                          f"{type(value).__name__}")
+
+    def proposer(self, target: Transformer | ModelConfig, max_model_len: int
+                 ) -> DraftProposer | NgramProposer:
+        """The engine's proposer for ``target`` (a draft model is loaded on the target's device
+        and dtype, and must share its vocabulary; the n-gram method needs nothing of it)."""
+        if self.method == "ngram":
+            return NgramProposer(self.num_speculative_tokens, self.prompt_lookup_min,
+                                 self.prompt_lookup_max, max_model_len)
+        param = next(target.parameters())
+        drafter = DraftProposer(load_model(self.model, param.dtype, param.device),
+                                self.num_speculative_tokens, max_model_len)
+        drafter.check_target(target)
+        return drafter
 
 
 @dataclass(frozen=True)
@@ -151,6 +196,12 @@ class EngineConfig:
         num_draft = changes.pop("num_speculative_tokens", None)
         if draft is not None:
             changes["speculative_config"] = SpeculativeConfig(draft, 4 if num_draft is None else num_draft)
+        elif num_draft is not None:
+            spec = SpeculativeConfig.of(changes.get("speculative_config", config.speculative_config))
+            if spec is None:
+                raise ValueError("num_speculative_tokens sin draft_model ni speculative_config: "
+                                 "no hay especulación a la que aplicarlo")
+            changes["speculative_config"] = replace(spec, num_speculative_tokens=num_draft)
         unknown = sorted(set(changes) - names)
         if unknown:
             raise TypeError(f"opciones desconocidas para el motor: {', '.join(unknown)}; aceptadas: "
@@ -215,13 +266,8 @@ def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None =
                           max_num_batched_tokens=config.max_num_batched_tokens,
                           enable_chunked_prefill=config.enable_chunked_prefill,
                           token_fn=token_fn, victim_fn=victim_fn)
-    drafter = None
     spec = config.speculative_config
-    if spec is not None:
-        param = next(model.parameters())
-        drafter = DraftProposer(load_model(spec.model, param.dtype, param.device),
-                                spec.num_speculative_tokens, config.max_model_len)
-        drafter.check_target(model)
+    drafter = None if spec is None else spec.proposer(model, config.max_model_len)
     if executor is None:
         executor = ModelRunner.for_kv(model, kv, config.kv_cache_dtype, decode_graphs=config.decode_graphs,
                                       max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
@@ -229,5 +275,5 @@ def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None =
     return LLMEngine(scheduler, executor, model_config.vocab_size, eos_token_id, drafter)
 
 
-__all__ = ["DECODE_GRAPHS", "EngineConfig", "KV_LAYOUTS", "SpeculativeConfig", "build_engine",
-           "load_model"]
+__all__ = ["DECODE_GRAPHS", "EngineConfig", "KV_LAYOUTS", "SpeculativeConfig", "SPECULATIVE_METHODS",
+           "build_engine", "load_model"]

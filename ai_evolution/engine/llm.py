@@ -30,9 +30,10 @@ class LLM:
     policy function; ``kv_layout`` is ``"contiguous"`` (one row of ``max_model_len`` per request)
     or ``"paged"`` (``num_blocks`` blocks of ``block_size`` tokens, prefix caching unless
     disabled); ``speculative_config={"model": "tiny-es-draft", "num_speculative_tokens": 4}``
-    turns on speculative decoding; ``enforce_eager=True`` turns off the CUDA graphs of decode
-    steps (on a GPU they are on); ``batch_invariant=True`` gives each request the same logits
-    whatever the batch (chapter 10), and ``kernels=`` another kernel set for it (a
+    (a draft model) or ``{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}``
+    (prompt lookup) turns on speculative decoding; ``enforce_eager=True`` turns off the CUDA graphs
+    of decode steps (on a GPU they are on); ``batch_invariant=True`` gives each request the same
+    logits whatever the batch (chapter 10), and ``kernels=`` another kernel set for it (a
     ``BatchInvariantKernels`` with a student's matmul). See ``EngineConfig`` for the rest.
     """
 

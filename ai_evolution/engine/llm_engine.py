@@ -20,7 +20,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple, Protocol, Sequence
 
-from .drafter import DraftProposer
+from .drafter import DraftProposer, NgramProposer
 from .request import Request, RequestOutput, RequestRejected, SamplingParams, validate_prompt
 from .scheduler import PolicyError, Scheduler
 from .step import SchedulerOutput, StepResult
@@ -102,7 +102,8 @@ class LLMEngine:
     """Scheduler + executor + the requests' timing records."""
 
     def __init__(self, scheduler: Scheduler, executor: Executor, vocab_size: int,
-                 eos_token_id: int | None = None, drafter: DraftProposer | None = None) -> None:
+                 eos_token_id: int | None = None,
+                 drafter: DraftProposer | NgramProposer | None = None) -> None:
         check_kv = getattr(executor, "check_kv", None)  # (the simulator holds no KV tensors)
         if check_kv is not None:
             check_kv(scheduler.kv, scheduler.max_model_len)
@@ -218,7 +219,8 @@ class LLMEngine:
         end = self.now()
         outputs = [RequestOutput.of(r) for r in self.scheduler.update_from_output(out, result, start, end)]
         if self.drafter is not None:
-            self.scheduler.update_draft_token_ids(self.drafter.propose_drafts(self.scheduler.running))
+            drafts = self.drafter.propose_drafts(self.scheduler.running)
+            self.scheduler.update_draft_token_ids(drafts, self.drafter.draft_probs)
         self._record(StepRecord.of(out, start, end), outputs)
         if not self.scheduler.has_unfinished_requests():
             self.retire_finished()
@@ -247,16 +249,14 @@ class LLMEngine:
         except Exception as err:  # noqa: BLE001 - isolated below, never lost
             if len(out.scheduled) == 1:
                 return StepResult(errors={out.scheduled[0].request_id: err})
-        sampled, errors = {}, {}
+        result = StepResult()
         for s in out.scheduled:
             try:
                 alone = self.executor.execute(replace(out, scheduled=(s,)))
             except Exception as err:  # noqa: BLE001 - that request's error
-                errors[s.request_id] = err
-                continue
-            sampled.update(alone.sampled_token_ids)
-            errors.update(alone.errors)
-        return StepResult(sampled, errors)
+                alone = StepResult(errors={s.request_id: err})
+            result = result.merged(alone)
+        return result
 
     def run(self, arrivals: Sequence[tuple[float, Sequence[int], SamplingParams]] = ()) -> list[Request]:
         """Serve ``(arrival_time, prompt, params)`` online: each request is added when the clock

@@ -12,7 +12,7 @@ import enum
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -201,8 +201,11 @@ class Request(TimingRecord):
     num_preemptions: int = 0
     # Speculative decoding (chapter 9): the draft tokens for the next step (set by the scheduler,
     # ``update_draft_token_ids``), and how many were verified and accepted so far (their ratio is
-    # the acceptance rate).
+    # the acceptance rate). ``draft_probs``: for a sampled request whose drafts a model sampled,
+    # the draft's distribution ``[len(draft_token_ids), V]`` each was drawn from (None: each
+    # draft is a point mass, as n-gram proposals are).
     draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: Any = field(default=None, repr=False, compare=False)
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     # Timing record, in the executor's clock (seconds).

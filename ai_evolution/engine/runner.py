@@ -31,7 +31,7 @@ from ..model.attention import (decode_attention, gather_blocks, kv_storage_nbyte
                                new_kv_storage, write_slots)
 from ..model.decoder import Transformer
 from ..model.kv_quant import check_kv_dtype
-from ..model.sampling import pick_tokens
+from ..model.sampling import pick_tokens, token_probs
 from .batch_invariant import DefaultKernels, InvariantAttention, check_device
 from .graphs import GRAPH_BACKENDS, DecodeGraphs
 from .step import ScheduledRequest, SchedulerOutput, StepResult
@@ -174,6 +174,7 @@ class ModelRunner:
         best = logits.argmax(dim=-1).tolist()
         sampled: dict[str, tuple[int, ...]] = {}
         errors: dict[str, BaseException] = {}
+        target_probs = {}
         end = 0
         for s, _ in samples:
             begin, end = end, end + 1 + len(s.draft_token_ids)
@@ -184,11 +185,16 @@ class ModelRunner:
                 sampled[s.request_id] = tuple(best[begin:end])
                 continue
             try:  # one request's sampling can fail without failing the others'
+                if s.draft_token_ids:  # verified by rejection sampling in the scheduler
+                    target_probs[s.request_id] = token_probs(
+                        logits[begin:end], p.temperature, p.top_k, p.top_p).cpu()
+                    sampled[s.request_id] = ()
+                    continue
                 sampled[s.request_id] = (int(pick_tokens(logits[end - 1:end], p.temperature, p.top_k,
                                                          p.top_p, self._generator(s))[0]),)
             except Exception as err:  # noqa: BLE001 - reported as that request's error
                 errors[s.request_id] = err
-        return StepResult(sampled, errors)
+        return StepResult(sampled, errors, target_probs)
 
     def _eager_hidden_states(self, out: SchedulerOutput) -> tuple[Tensor, list[int]]:
         """Hidden states ``[1, N, hidden]`` of the step's ``N`` tokens (every request's, one

@@ -45,7 +45,9 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
-from ..speculative import greedy_accept
+import torch
+
+from ..speculative import greedy_accept, rejection_sample
 from .kv_cache import ContiguousKVManager, KVManager
 from .request import FinishReason, Request, RequestStatus
 from .step import ScheduledRequest, SchedulerOutput, StepResult
@@ -116,6 +118,13 @@ def check_token_budget(max_num_batched_tokens: int | None, max_model_len: int,
                          "nunca en un paso; suba el presupuesto o active enable_chunked_prefill")
 
 
+def derived_seed(seed: int, stream: int) -> int:
+    """A seed for the ``stream``-th random stream of a request seeded with ``seed`` (the
+    executor's sampling uses ``seed`` itself; rejection sampling and a draft model's sampling
+    use others, so that their draws are independent)."""
+    return (seed * 0x9E3779B1 + stream * 0x632BE59BD9B4E019) % 2**63
+
+
 def step_error(step: int, err: BaseException, limit: int = 300) -> str:
     """The Spanish message of a request whose part of step ``step`` raised ``err``."""
     text = f"la petición falló en el paso {step}: {type(err).__name__}: {err}"
@@ -163,6 +172,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.preempted_tokens = 0  # computed tokens thrown away by preemption (to recompute)
         self._finished_ids: set[str] = set()  # finished since the last step handed out
+        self._generators: dict[str, torch.Generator] = {}  # speculative sampling, per request
 
     # --- queue ---------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -212,13 +222,18 @@ class Scheduler:
             self.kv.free(r)
         return done
 
-    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]],
+                               draft_probs: dict | None = None) -> None:
         """The draft tokens of every running request for its next step (speculative decoding;
         as vLLM v1's method of the same name): request id -> tokens, none for a request not
         named. They ride along with the request's next decode token if the token budget and the
-        memory allow, and are verified in that same forward pass."""
+        memory allow, and are verified in that same forward pass. ``draft_probs``: for sampled
+        requests whose drafts a model sampled, the distributions ``[k, V]`` they were drawn
+        from (a request not named there has point-mass drafts, as n-gram proposals)."""
+        draft_probs = draft_probs or {}
         for r in self.running:
             r.draft_token_ids = list(draft_token_ids.get(r.request_id, ()))
+            r.draft_probs = draft_probs.get(r.request_id) if r.draft_token_ids else None
 
     # --- one step ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -355,7 +370,7 @@ class Scheduler:
         self.preempted_tokens += r.num_computed_tokens
         r.num_preemptions += 1
         r.num_computed_tokens = 0
-        r.draft_token_ids = []
+        r.draft_token_ids, r.draft_probs = [], None
         r.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(r)
 
@@ -368,7 +383,8 @@ class Scheduler:
         A request that verified draft tokens gets the target's token at each of the k + 1
         verified positions: the longest prefix of drafts the target agrees with is accepted, plus
         the target's next token (``speculative.greedy_accept``); the K/V of rejected drafts are
-        forgotten (``num_computed_tokens`` stops before them) and their surplus blocks freed."""
+        forgotten (``num_computed_tokens`` stops before them) and their surplus blocks freed. A
+        sampled request's drafts are verified by rejection sampling (``_verify``)."""
         by_id = {r.request_id: r for r in self.running}
         updated = []
         for s in output.scheduled:
@@ -381,13 +397,14 @@ class Scheduler:
                 continue
             k = len(s.draft_token_ids)
             r.num_computed_tokens = s.context_len - k
-            r.draft_token_ids = []
+            draft_probs, r.draft_token_ids, r.draft_probs = r.draft_probs, [], None
             if not s.samples:  # a prompt chunk that samples nothing
                 self.kv.cache_full_blocks(r)
                 continue
             sampled = result.sampled_token_ids[s.request_id]
             if k:
-                accepted, nxt = greedy_accept(s.draft_token_ids, sampled)
+                accepted, nxt = self._verify(r, s.draft_token_ids, sampled,
+                                             result.target_probs.get(s.request_id), draft_probs)
                 new = [*s.draft_token_ids[:accepted], nxt]
                 r.num_computed_tokens += accepted  # their K/V were computed on the right prefix
                 r.num_draft_tokens += k
@@ -405,6 +422,36 @@ class Scheduler:
             updated.append(r)
         return updated
 
+    def _verify(self, r: Request, drafts: tuple[int, ...], sampled: tuple[int, ...], target_probs,
+                draft_probs) -> tuple[int, int]:
+        """``(num_accepted, next_token)`` for ``r``'s verified drafts: greedy (the target's
+        argmax at each place, ``sampled``), or, when the executor returned the target's
+        distributions, rejection sampling (Leviathan et al.): keep ``d_i`` with probability
+        ``min(1, p_i(d_i) / q_i(d_i))``, resample the first rejected place from
+        ``norm(max(0, p_i - q_i))``. With point-mass drafts (n-gram proposals, no
+        ``draft_probs``) ``q_i`` is the one-hot of ``d_i``: keep it with probability
+        ``p_i(d_i)``, else sample from ``p_i`` without it. The emitted tokens are distributed
+        as the target's own samples; the draws use the request's generator (its ``seed``)."""
+        if target_probs is None:
+            return greedy_accept(drafts, sampled)
+        k, vocab = len(drafts), target_probs.shape[-1]
+        if draft_probs is None:
+            q = torch.nn.functional.one_hot(torch.tensor(drafts), vocab).to(target_probs.dtype)
+        else:
+            q = draft_probs[:k].to(target_probs.dtype)
+        return rejection_sample(drafts, q, target_probs, self._generator(r))
+
+    def _generator(self, r: Request) -> torch.Generator:
+        """The generator of ``r``'s rejection-sampling draws, seeded from its ``seed`` (kept
+        until it finishes)."""
+        g = self._generators.get(r.request_id)
+        if g is None:
+            g = self._generators[r.request_id] = torch.Generator()
+            seed = r.sampling_params.seed
+            # a stream of its own: the executor's sampling generator starts from ``seed`` itself
+            g.manual_seed(derived_seed(seed, 1)) if seed is not None else g.seed()
+        return g
+
     def _append(self, r: Request, token: int, now: float) -> None:
         r.output_token_ids.append(token)
         r.token_times.append(now)
@@ -420,6 +467,7 @@ class Scheduler:
         r.finish_reason = reason
         r.finish_time = now
         self._finished_ids.add(r.request_id)
+        self._generators.pop(r.request_id, None)
 
     def _check_plan(self, plan, running: list[Request], waiting: list[Request]) -> None:
         """Refuse a plan that would lose a request, duplicate one or overfill the batch."""

@@ -13,6 +13,7 @@ part failed. Only the scheduler turns that result into request state
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .request import SamplingParams
 
@@ -84,14 +85,18 @@ class StepResult:
     """What an executor returns for one step. ``sampled_token_ids``: for every request the step
     completed, the target's tokens: one, or ``1 + k`` when it verified ``k`` draft tokens (the
     target's choice at each verified position). ``errors``: the exception of every request whose
-    part failed (the others are unaffected)."""
+    part failed (the others are unaffected). ``target_probs``: for a *sampled* request that
+    verified ``k`` draft tokens, the target's distribution at the ``k + 1`` verified positions
+    (``[k + 1, V]``, on the CPU) instead of tokens: the scheduler verifies by rejection sampling."""
 
     sampled_token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)
     errors: dict[str, BaseException] = field(default_factory=dict)
+    target_probs: dict[str, Any] = field(default_factory=dict)
 
     def merged(self, other: "StepResult") -> "StepResult":
         return StepResult({**self.sampled_token_ids, **other.sampled_token_ids},
-                          {**self.errors, **other.errors})
+                          {**self.errors, **other.errors},
+                          {**self.target_probs, **other.target_probs})
 
 
 __all__ = ["ScheduledRequest", "SchedulerOutput", "StepResult"]

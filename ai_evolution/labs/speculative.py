@@ -18,6 +18,10 @@
    and the draft's own samples as a negative control.
 6. The H100 prediction (computed, :func:`h100_prediction`): Llama 3.1 8B with a Llama 3.2 1B
    draft, speedup vs batch size from the roofline cost model.
+7. Where n-gram speculation pays (measured, :func:`measure_ngram`): a copy-heavy workload
+   ("repeat this paragraph") and a free-generation one, each request served alone by the engine
+   plainly, with n-gram proposals (``method="ngram"``) and with the draft model, interleaved;
+   acceptance, tokens per step, speedup, and how much of the paragraph the model really copies.
 
 :class:`Findings` holds the measurements and every conclusion about this machine, each a
 :mod:`ai_evolution.claims` claim; :func:`report` turns the findings into the contract's body.
@@ -42,6 +46,7 @@ from ..fmt import es
 from ..generation import generate
 from ..model import load_model
 from ..model.attention import ContiguousKVCache
+from ..model.tokenizer import load_tokenizer
 from ..reference.speculative import reference_acceptance_and_residual
 from ..sim.cost_model import (best_k, expected_tokens_per_step, predict_speculation_h100,
                               speculative_speedup)
@@ -223,6 +228,116 @@ def measure_engine(target, draft, prompts: list[list[int]], params: dict) -> dic
     return {"k": k, "tokens_per_request": n_new, "repeats": params["engine_repeats"], "batches": out}
 
 
+# --- 7. n-gram proposals: where they pay ----------------------------------------------------------
+
+NGRAM_WINDOW = (1, 3)  # prompt_lookup_min, prompt_lookup_max of the lab's n-gram proposer
+COPY_CUE = 8           # tokens of the paragraph repeated after it in the copy-heavy prompt
+
+
+def ngram_workloads(model: str, count: int, length: int, separator: list[int]) -> dict[str, dict]:
+    """The copy-heavy and free-generation prompts from the held-out text: ``copia`` is a
+    paragraph, ``separator`` and the paragraph's first ``COPY_CUE`` tokens again (a model that
+    copies continues with the rest of the paragraph, its ``expected`` tokens); ``libre`` is the
+    paragraph's first half alone."""
+    passages = held_out_prompts(model, count, length)
+    return {"copia": {"prompts": [p + separator + p[:COPY_CUE] for p in passages],
+                      "expected": [p[COPY_CUE:] for p in passages]},
+            "libre": {"prompts": [p[:length // 2] for p in passages], "expected": None}}
+
+
+def copy_rate(outputs: list[list[int]], expected: list[list[int]]) -> float:
+    """Fraction of generated tokens, over the positions both have, equal to the paragraph's
+    continuation at the same place: how much the model copies."""
+    pairs = [(a, b) for out, want in zip(outputs, expected) for a, b in zip(out, want)]
+    return sum(a == b for a, b in pairs) / len(pairs) if pairs else math.nan
+
+
+def measure_ngram(target, draft, workloads: dict[str, dict], params: dict) -> dict:
+    """For each workload and each k in ``ngram_ks``: every prompt served alone by an engine
+    plainly, with n-gram proposals and with the draft model, interleaved prompt by prompt over
+    ``ngram_repeats`` rounds after a warm-up; wall milliseconds (one paired sample per round and
+    prompt), proposals, acceptances, engine steps, and output equality with plain greedy."""
+    n_new = params["ngram_tokens"]
+    sp = SamplingParams(max_tokens=n_new, ignore_eos=True)
+    methods = {"plain": lambda k: None,
+               "ngram": lambda k: {"method": "ngram", "num_speculative_tokens": k,
+                                   "prompt_lookup_min": NGRAM_WINDOW[0],
+                                   "prompt_lookup_max": NGRAM_WINDOW[1]},
+               "draft_model": lambda k: {"model": draft, "num_speculative_tokens": k}}
+    out = {}
+    for name, w in workloads.items():
+        max_len = max(map(len, w["prompts"])) + n_new + max(params["ngram_ks"]) + 2
+        rows = []
+        for k in params["ngram_ks"]:
+            ms = {m: [] for m in methods}
+            facts = {m: {"proposed": 0, "accepted": 0, "steps": 0, "outputs": []} for m in methods}
+            for r in range(params["ngram_repeats"] + 1):
+                for p in w["prompts"]:
+                    for m, spec in methods.items():
+                        engine = build_engine(target, max_num_seqs=1, max_model_len=max_len,
+                                              speculative_config=spec(k))
+                        t = time.perf_counter()
+                        req = engine.run([(0.0, p, sp)])[0]
+                        elapsed = 1e3 * (time.perf_counter() - t)
+                        if r:
+                            ms[m].append(elapsed)
+                        if r == 1:
+                            f = facts[m]
+                            f["proposed"] += req.num_draft_tokens
+                            f["accepted"] += req.num_accepted_tokens
+                            f["steps"] += len(engine.history)
+                            f["outputs"].append(req.output_token_ids)
+            plain = facts["plain"]["outputs"]
+            rows.append({"k": k, "ms": ms, **{m: {
+                "proposed": f["proposed"], "accepted": f["accepted"], "steps": f["steps"],
+                "acceptance": f["accepted"] / f["proposed"] if f["proposed"] else 0.0,
+                # generated tokens per engine step after the prefill (the steps that verify)
+                "tokens_per_step": len(w["prompts"]) * (n_new - 1) / (f["steps"] - len(w["prompts"])),
+                "identical": f["outputs"] == plain} for m, f in facts.items() if m != "plain"}})
+        out[name] = {"prompts": len(w["prompts"]), "per_k": rows,
+                     "copy_rate": None if w["expected"] is None else copy_rate(plain, w["expected"])}
+    return {"tokens_per_request": n_new, "repeats": params["ngram_repeats"],
+            "window": list(NGRAM_WINDOW), "workloads": out}
+
+
+def ngram_verdicts(ngram: dict) -> dict[str, claims.Claim]:
+    """Per workload, method and k: plain time over speculative time (the speedup), paired."""
+    out = {}
+    for name, w in ngram["workloads"].items():
+        for row in w["per_k"]:
+            for m, label in (("ngram", "n-grama"), ("draft_model", "modelo borrador")):
+                out[f"ngram_{name}_{m}_k{row['k']}"] = claims.compare(
+                    row["ms"]["plain"], row["ms"][m],
+                    what=(f"aceleración con {label}, carga «{name}», k = {row['k']} (tiempo sin "
+                          f"especular / con {label}, lote 1)"),
+                    higher=f"con esta carga el {label} paga", lower=f"con esta carga el {label} no paga")
+    return out
+
+
+def ngram_sentence(ngram: dict, found: dict[str, claims.Claim]) -> str:
+    """Where n-gram proposals pay, from the claims, and why not where they do not: how much
+    of the paragraph the model copies and how many of the proposals it keeps."""
+    parts = []
+    for name, w in ngram["workloads"].items():
+        row = max(w["per_k"], key=lambda r: found[f"ngram_{name}_ngram_k{r['k']}"].value)
+        claim = found[f"ngram_{name}_ngram_k{row['k']}"]
+        verdict = {claims.HIGHER: "paga", claims.LOWER: "no paga"}.get(
+            claim.outcome, "no paga de forma concluyente")
+        parts.append(f"con la carga «{name}» el n-grama {verdict} (mejor k = {row['k']}: "
+                     f"{es(claim.value, 2)} veces, {es(100 * row['ngram']['acceptance'], 0)} % de "
+                     f"sus propuestas aceptadas, {es(row['ngram']['tokens_per_step'], 2)} tokens "
+                     "por paso)")
+    text = "En esta máquina, " + "; ".join(parts) + "."
+    copied = ngram["workloads"].get("copia", {}).get("copy_rate")
+    if copied is not None:
+        text += (f" Al pedirle que repita el párrafo, el modelo reproduce el "
+                 f"{es(100 * copied, 0)} % de sus tokens en su sitio: ")
+        text += ("copia, y el n-grama propone justo lo que va a escribir." if copied >= 0.5 else
+                 "no copia, así que las propuestas copiadas del contexto casi nunca son su "
+                 "siguiente token.")
+    return text
+
+
 # --- 5. sampling verification -------------------------------------------------------------------------
 
 def distribution_case(seed: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,8 +426,14 @@ def engine_verdicts(engine: dict) -> dict[str, claims.Claim]:
 
 
 def formula_verdicts(acceptance: dict) -> dict[str, claims.Claim]:
+    """Per k >= 2: do the measured tokens per step match the formula with the measured alpha?
+    (With k = 1 they always do: alpha is measured as accepted / examined proposals, and each
+    step examines its one proposal, so tokens per step is 1 + alpha by definition; a check
+    there could not fail.)"""
     out = {}
     for row in acceptance["per_k"]:
+        if row["k"] < 2:
+            continue
         pred, got = row["predicted_tokens_per_step"], row["tokens_per_step"]
         out[f"formula_k{row['k']}"] = claims.threshold(
             abs(got - pred) / pred, FORMULA_TOLERANCE,
@@ -364,9 +485,10 @@ def distribution_verdicts(dist: dict) -> dict[str, claims.Claim]:
     }
 
 
-def verdicts(acceptance, timing, engine, dist) -> dict[str, claims.Claim]:
+def verdicts(acceptance, timing, engine, dist, ngram) -> dict[str, claims.Claim]:
     return (formula_verdicts(acceptance) | speedup_verdicts(timing) | engine_verdicts(engine)
-            | exactness_verdicts(acceptance, engine) | distribution_verdicts(dist))
+            | exactness_verdicts(acceptance, engine) | distribution_verdicts(dist)
+            | ngram_verdicts(ngram))
 
 
 CRITERIA = (
@@ -375,6 +497,8 @@ CRITERIA = (
     ("replay", "la verificación voraz repetida sobre los pasos medidos da las mismas aceptaciones"),
     ("distribution", "los tokens de la verificación por muestreo siguen la distribución del objetivo"),
     ("control", "la prueba estadística distingue la distribución del borrador"),
+    ("exact_ngram", "el motor con n-grama y con borrador da los mismos tokens que sin especular, "
+                    "en cada carga"),
 )
 
 
@@ -393,6 +517,7 @@ class Findings:
     engine: dict
     dist: dict
     h100: dict
+    ngram: dict
     formula: dict[str, claims.Claim]
     speedup: dict[str, claims.Claim]
     per_batch: dict[str, claims.Claim]
@@ -400,20 +525,21 @@ class Findings:
     exact_engine: claims.Claim
     distribution: claims.Claim
     control: claims.Claim
+    ngram_speedup: dict[str, claims.Claim]
 
     @classmethod
     def from_measurements(cls, params: dict, acceptance: dict, costs: dict, timing: dict,
-                          engine: dict, dist: dict, h100: dict,
+                          engine: dict, dist: dict, h100: dict, ngram: dict,
                           found: dict[str, claims.Claim] | None = None) -> Findings:
         """``found``: the claims of :func:`verdicts` the page already glued (computed here
         otherwise)."""
-        found = verdicts(acceptance, timing, engine, dist) if found is None else found
-        return cls(params, acceptance, costs, timing, engine, dist, h100,
+        found = verdicts(acceptance, timing, engine, dist, ngram) if found is None else found
+        return cls(params, acceptance, costs, timing, engine, dist, h100, ngram,
                    formula=claims_starting(found, "formula_"),
                    speedup=claims_starting(found, "speedup_"),
                    per_batch=claims_starting(found, "engine_"), exact_loop=found["exact_loop"],
                    exact_engine=found["exact_engine"], distribution=found["distribution"],
-                   control=found["control"])
+                   control=found["control"], ngram_speedup=claims_starting(found, "ngram_"))
 
     @property
     def criteria_met(self) -> dict[str, bool]:
@@ -423,7 +549,9 @@ class Findings:
             return claim.outcome == claims.PASSED
         return {"exact_loop": ok(self.exact_loop), "exact_engine": ok(self.exact_engine),
                 "replay": self.acceptance["replays_matching"] == self.acceptance["runs_compared"],
-                "distribution": ok(self.distribution), "control": ok(self.control)}
+                "distribution": ok(self.distribution), "control": ok(self.control),
+                "exact_ngram": all(row[m]["identical"] for w in self.ngram["workloads"].values()
+                                   for row in w["per_k"] for m in ("ngram", "draft_model"))}
 
     @property
     def measured_speedup(self) -> dict[int, float]:
@@ -454,6 +582,41 @@ def predicted_speedups(acceptance: dict, costs: dict) -> dict:
                   "with_verify": e * t / (k * costs["median_ms"]["draft"]
                                           + costs["median_ms"][f"verify_{k}"])}
     return out
+
+
+def alpha_vs_c_sentence(alpha: float, cost_ratio: float) -> str:
+    """What the formula says for k = 1, where it reduces to alpha > c."""
+    pays = alpha > cost_ratio
+    return (f"Con k = 1 la fórmula se reduce a comparar α con c, y aquí α = {es(alpha, 2)} "
+            f"{'supera' if pays else 'no supera'} a c = {es(cost_ratio, 2)}: aun suponiendo que "
+            f"verificar dos tokens cuesta lo mismo que un paso normal, predice que la especulación "
+            f"{'paga' if pays else 'no paga'}.")
+
+
+def best_k_sentence(speedup: dict[int, claims.Claim], formula: dict[int, float]) -> str:
+    """Which k paid best, from the measured speedup claims (``speedup``: k -> claim) and the
+    formula's speedups with the measured alpha and c (``formula``: k -> speedup). Says that no
+    k pays when none does, instead of naming the least bad one as the best."""
+    measured = {k: c.value for k, c in speedup.items()}
+    best = max(measured, key=measured.get)
+    paying = [k for k, c in speedup.items() if c.outcome == claims.HIGHER]
+    if paying:
+        best = max(paying, key=measured.get)
+        head = f"El mejor k medido fue {best}, con una aceleración de {es(measured[best], 2)}"
+    elif all(c.outcome == claims.LOWER for c in speedup.values()):
+        head = (f"Ningún k paga aquí: con todos, la generación es más lenta que la normal (el "
+                f"menos malo, k = {best}, da {es(measured[best], 2)})")
+    else:
+        head = (f"Ningún k paga de forma concluyente aquí (la mayor aceleración medida, con "
+                f"k = {best}, es {es(measured[best], 2)})")
+    f_best = max(formula, key=lambda k: (formula[k], -k))
+    if formula[f_best] > 1:
+        tail = (f"; la fórmula, con el α y el c medidos, elige k = {f_best} y predice "
+                f"{es(formula[f_best], 2)}.")
+    else:
+        tail = (f"; la fórmula, con el α y el c medidos, tampoco ve ningún k que pague (su mejor "
+                f"valor, con k = {f_best}, es {es(formula[f_best], 2)}).")
+    return head + tail
 
 
 def break_even_text(batch: int | None) -> str:
@@ -501,6 +664,7 @@ def _results(f: Findings) -> dict:
         "engine": f.engine,
         "distribution": f.dist,
         "h100": f.h100,
+        "ngram": f.ngram,
         "chapter_criteria": f.criteria_met,
     }
 
@@ -539,6 +703,10 @@ def _speed_evidence(f: Findings) -> list[dict]:
         *(c.evidence("x") for c in f.per_batch.values()),
         _ev(batch_sentence(f.engine, f.per_batch), first_batch.value, "x", source="measured",
             volatile=True),
+        *(c.evidence("x") for c in f.ngram_speedup.values()),
+        _ev(ngram_sentence(f.ngram, f.ngram_speedup),
+            f.ngram["workloads"]["copia"]["copy_rate"], "fracción copiada", source="measured",
+            volatile=True),
         f.distribution.evidence("valor p"),
         f.control.evidence("valor p"),
         _ev(f"Simulador, H100 con Llama 3.1 8B y borrador Llama 3.2 1B, α supuesto de "
@@ -561,6 +729,10 @@ def _limitations(f: Findings) -> list[str]:
         "libro, con prompts cortos; otro texto da otro α.",
         "La predicción de la H100 usa el roofline de la hoja de datos sin sobrecarga y un α "
         "supuesto, no medido con esos modelos.",
+        "Las cargas «copia» y «libre» salen del texto reservado del corpus y las sirve un modelo "
+        "de unos pocos millones de parámetros: lo que gana el n-grama depende de cuánto copie el "
+        "modelo (la fracción copiada medida), y un modelo grande que copie puede dar otro "
+        "resultado.",
         timing_limitation(f.timing["repeats"]),
         threads_limitation(f.timing["torch_threads"]),
     ]
@@ -574,7 +746,8 @@ def report(f: Findings) -> dict:
         "evidence": _acceptance_evidence(f) + _speed_evidence(f),
         "limitations": _limitations(f),
         "volatile_fields": ["results.step_costs", "results.timing", "results.predicted_speedup",
-                            "results.best_k_measured", "results.engine"],
+                            "results.best_k_measured", "results.engine",
+                            "results.ngram"],
     }
 
 
@@ -600,8 +773,11 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         engine = measure_engine(target, draft, prompts, params)
         dist = measure_distribution(params, seed)
         h100 = h100_prediction(params, main_row(acceptance, params["h100_k"])["alpha"])
+        separator = load_tokenizer(params["model"]).encode("\n\n", add_bos=False)
+        ngram = measure_ngram(target, draft, ngram_workloads(params["model"], params["ngram_prompts"],
+                                                             params["ngram_passage"], separator), params)
     return report(Findings.from_measurements(params, acceptance, costs, timing, engine, dist,
-                                             h100))
+                                             h100, ngram))
 
 
 SPEC = LabSpec(
@@ -639,6 +815,15 @@ SPEC = LabSpec(
         "gof_vocab": Param(6, int, "vocabulario de la prueba de distribución", min=2, max=64),
         "gof_samples": Param(20000, int, "muestras de la prueba de distribución", min=100,
                              max=10**7, by_profile={"ci": 8000}),
+        "ngram_ks": Param([2, 4], int, "k del n-grama y del borrador en las cargas copia y libre",
+                          min=1, max=16, is_list=True, by_profile={"ci": [3]}),
+        "ngram_prompts": Param(6, int, "párrafos del texto reservado por carga", min=1, max=64,
+                               by_profile={"ci": 4}),
+        "ngram_passage": Param(40, int, "tokens de cada párrafo", min=2 * COPY_CUE, max=64),
+        "ngram_tokens": Param(32, int, "tokens generados por petición en las cargas", min=2,
+                              max=256, by_profile={"ci": 16}),
+        "ngram_repeats": Param(3, int, "rondas intercaladas de las cargas", min=2, max=50,
+                               by_profile={"ci": 2}),
         "h100_alpha": Param(0.75, float, "α supuesto para la predicción de la H100", min=0.0,
                             max=0.99),
         "h100_k": Param(4, int, "k de la predicción de la H100", min=1, max=16),

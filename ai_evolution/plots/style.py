@@ -3,7 +3,7 @@ writes numbers, and a log scale labelled the same way."""
 
 from __future__ import annotations
 
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 # Tick labels with a decimal comma, as the book's prose writes numbers.
 COMMA = FuncFormatter(lambda x, _pos: f"{x:g}".replace(".", ","))
@@ -12,6 +12,17 @@ COMMA = FuncFormatter(lambda x, _pos: f"{x:g}".replace(".", ","))
 def decimal_comma(ax) -> None:
     ax.xaxis.set_major_formatter(COMMA)
     ax.yaxis.set_major_formatter(COMMA)
+
+
+def integer_x(ax) -> None:
+    """Ticks only at integers on the x axis (k, positions, counts), with a decimal comma on y."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    decimal_comma(ax)
+
+
+def legend_below(ax, ncol: int = 2) -> None:
+    """The legend under the axes, where it covers no data."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False)
 
 
 def log_y(ax) -> None:

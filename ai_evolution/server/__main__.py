@@ -9,6 +9,7 @@ OpenAI client at ``http://HOST:PORT/v1``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -60,6 +61,10 @@ def parser() -> argparse.ArgumentParser:
                    default=os.environ.get("VLLM_BATCH_INVARIANT") == "1",
                    help="núcleos invariantes al lote: la misma respuesta sea cual sea el lote, "
                         "más lento (capítulo 10; también VLLM_BATCH_INVARIANT=1, como en vLLM)")
+    p.add_argument("--speculative-config", type=_json_dict, default=None,
+                   help="decodificación especulativa como en vLLM, un JSON: p. ej. "
+                        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                        "\"prompt_lookup_max\": 4}' o '{\"model\": \"tiny-es-draft\"}'")
     p.add_argument("--speculative-model", default=None,
                    help="modelo borrador de la decodificación especulativa (p. ej. tiny-es-draft; "
                         "por defecto, sin ella); mismo tokenizador que --model")
@@ -70,6 +75,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
     return p
+
+
+def _json_dict(text: str) -> dict:
+    """A flag's JSON object (argparse reports the ``ArgumentTypeError`` in its usage line)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"no es JSON válido ({err}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"debe ser un objeto JSON {{...}}; se recibió {text!r}")
+    return value
 
 
 def served_name(model: str, explicit: str | None = None) -> str:
@@ -84,9 +100,15 @@ def served_name(model: str, explicit: str | None = None) -> str:
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine's settings that the flags name."""
-    spec = None
+    spec = args.speculative_config
     if args.speculative_model is not None:
+        if spec is not None:
+            raise SystemExit("use --speculative-config o --speculative-model, no los dos")
         spec = SpeculativeConfig(args.speculative_model, args.num_speculative_tokens)
+    try:
+        spec = SpeculativeConfig.of(spec)
+    except (TypeError, ValueError) as err:
+        raise SystemExit(f"--speculative-config no es válido: {err}") from None
     return EngineConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                         kv_layout=args.kv_layout, block_size=args.block_size,
                         num_blocks=args.num_blocks, enable_prefix_caching=not args.no_prefix_caching,
