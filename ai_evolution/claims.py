@@ -286,13 +286,14 @@ class Claim:
 
     @property
     def markdown(self) -> str:
-        """One sentence in the chapter's voice with its number in bold (MyST/Markdown), e.g.
-        "Los bloques generan más tokens por segundo (tokens/s con bloques / contiguos:
-        **1,09 veces**)." The decision detail goes in :func:`table`."""
+        """One sentence with its number in bold and the conclusion in the chapter's voice
+        (MyST/Markdown), e.g. "Tokens/s con bloques / con reserva contigua: **1,09 veces**; con
+        la misma memoria, los bloques generan más tokens por segundo." The decision detail
+        (interval and its real coverage, n, method) goes in :func:`table`."""
         d = self.detail
         if not d:
             return self.text
-        return _sentence(f"{d['phrase']} ({d['what']}: **{d['shown']}**)")
+        return _sentence(f"{d['what']}: **{d['shown']}**", d["phrase"])
 
     def evidence(self, unit: str, source: str = "measured", volatile: bool = True) -> dict:
         """The contract's evidence item for this claim (``claim`` keeps what rebuilds it)."""
@@ -312,7 +313,7 @@ def _claim(kind: str, outcome: str, value: float, inputs: dict, *, phrase: str, 
            shown: str, interval: str, n: str, method: str, verdict: str) -> Claim:
     """A claim whose plain sentence and Markdown sentence come from the same parts."""
     how = ", ".join(x for x in (interval, n) if x)
-    text = _sentence(f"{phrase} ({what}: {shown}" + (f"; {how})" if how else ")"))
+    text = _sentence(f"{what}: {shown}" + (f" ({how})" if how else ""), phrase)
     detail = {"phrase": phrase.strip().rstrip("."), "what": what, "shown": shown,
               "interval": interval, "n": n, "method": method, "verdict": verdict}
     return Claim(kind, outcome, text, value, inputs, detail)

@@ -381,7 +381,8 @@ def halving_verdicts(rows: list[dict]) -> dict[str, claims.Claim]:
         est = claims.ratio_estimate(prev["step_s"], cur["step_s"])
         found[f"halving_{cur['label']}"] = claims.threshold(
             est.median / bytes_ratio, HALVING, below=False, scale=100, unit="%", decimals=0,
-            interval=(est.low / bytes_ratio, est.high / bytes_ratio),
+            interval=(est.low / bytes_ratio, est.high / bytes_ratio), coverage=est.coverage,
+            n=est.n,
             what=(f"de {prev['label']} a {cur['label']} los bytes por paso bajan "
                   f"{es(bytes_ratio, 2)} veces y el paso, {es(est.median, 2)} veces: lo que baja "
                   f"el paso / lo que bajan los bytes"),
