@@ -216,7 +216,7 @@ def test_markdown_is_one_sentence_with_its_number_in_bold():
     c = claims.compare([2.0, 2.1, 2.2, 2.0, 2.1, 2.2], [1.0, 1.1, 1.0, 1.0, 1.1, 1.0],
                        what="tokens/s de A / B", higher="A genera más tokens por segundo",
                        lower="B genera más")
-    assert c.markdown == "Tokens/s de A / B: **2,00 veces**; A genera más tokens por segundo."
+    assert c.markdown == "Tokens/s de A / B: **2,10 veces**; A genera más tokens por segundo."
     table = claims.table({"x": c, "g": claims.growth([1, 2, 3, 4], [1, 2, 3, 4], what="tiempo")})
     lines = table.strip().splitlines()
     assert lines[0].startswith("| Medición | Valor |") and len(lines) == 4

@@ -86,7 +86,7 @@ LADDER = [("fp32", "fp32", None), ("bf16", "bf16", None), ("int8", "bf16", "int8
 CTX = 35
 
 
-def speed(step, rounds=4, noise=0.01, bw_gbps=10.0, seed=0) -> dict:
+def speed(step, rounds=5, noise=0.01, bw_gbps=10.0, seed=0) -> dict:
     """``step(bytes) -> seconds`` per format, with multiplicative noise per round."""
     rng = np.random.default_rng(seed)
     rows = []

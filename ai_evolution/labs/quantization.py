@@ -787,7 +787,7 @@ SPEC = LabSpec(
         "decode_tokens": Param(16, int, "tokens generados en cada muestra de velocidad", min=3,
                                max=1024, by_profile={"ci": 6, "gpu": 32}),
         "repeats": Param(5, int, "rondas intercaladas de las mediciones de velocidad", min=1,
-                         max=50, by_profile={"ci": 3}),
+                         max=50),
         "probe_mib": Param(512, int, "MiB de la sonda de lectura de la memoria", min=64,
                            max=8192, by_profile={"ci": 256, "gpu": 1024}),
         "torch_threads": Param(0, int, "hilos de torch durante las mediciones (0: los que elija "
