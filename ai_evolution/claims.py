@@ -25,6 +25,7 @@ bold) and the section's table with the ``{glue:md}`` directive (``:format: myst`
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from dataclasses import dataclass, field
@@ -303,6 +304,11 @@ class Claim:
             return self.text
         return _sentence(f"{d['what']}: **{d['shown']}**", d["phrase"])
 
+    def pasted(self) -> "Pasted":
+        """What a page glues: :attr:`markdown` as HTML for the book, :attr:`text` (the
+        contract's statement) as its plain text."""
+        return Pasted(self.text, f'<span class="verdict">{_html_inline(self.markdown)}</span>')
+
     def evidence(self, unit: str, source: str = "measured", volatile: bool = True) -> dict:
         """The contract's evidence item for this claim (``claim`` keeps what rebuilds it)."""
         item = {"statement": self.text, "value": self.value, "unit": unit, "source": source,
@@ -455,25 +461,73 @@ def growth(n: Sequence[float], t: Sequence[float], *, what: str, linear_below: f
 TABLE_HEADER = ("Medición", "Valor", "Intervalo o criterio", "n", "Veredicto")
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ").strip() or "—"
-
-
-def table(items: Sequence[Claim] | dict[str, Claim]) -> str:
-    """The decision detail of a section's verdicts as one quiet Markdown table (medición |
-    valor | intervalo o criterio | n | veredicto), glued under the section's prose with
-    ``{glue:md}`` and ``:format: myst``."""
+def _rows(items: Sequence[Claim] | dict[str, Claim]) -> list[tuple[str, ...]]:
+    """The detail table's rows, one per claim (medición, valor, intervalo o criterio, n,
+    veredicto)."""
     items = list(items.values()) if isinstance(items, dict) else list(items)
     if not items:
-        raise ValueError("table necesita al menos una afirmación")
-    rows = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+        raise ValueError("la tabla de decisiones necesita al menos una afirmación")
+    rows = []
     for c in items:
         d = c.detail or {"what": c.text, "shown": es(c.value, 2), "interval": "", "n": "",
                          "verdict": c.outcome}
         what = d["what"][:1].upper() + d["what"][1:]
-        rows.append("| " + " | ".join(_cell(x) for x in (what, d["shown"], d["interval"], d["n"],
-                                                          d["verdict"])) + " |")
-    return "\n".join(rows) + "\n"
+        rows.append(tuple(str(x).replace("\n", " ").strip() or "—"
+                          for x in (what, d["shown"], d["interval"], d["n"], d["verdict"])))
+    return rows
+
+
+def table(items: Sequence[Claim] | dict[str, Claim]) -> str:
+    """The decision detail of a section's verdicts as one quiet Markdown table (medición |
+    valor | intervalo o criterio | n | veredicto); :func:`paste_table` glues it as HTML."""
+    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in _rows(items)]
+    return "\n".join(lines) + "\n"
+
+
+def table_html(items: Sequence[Claim] | dict[str, Claim]) -> str:
+    """:func:`table` as a quiet HTML table (class ``verdict-detail``, styled by the book's CSS)
+    under the caption "Cómo se decidió"."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in TABLE_HEADER)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                   for row in _rows(items))
+    return (f'<div class="verdict-detail"><table><caption>Cómo se decidió</caption>'
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
+
+
+@dataclass(frozen=True)
+class Pasted:
+    """A glued value with two faces: ``html`` for the built book (``{glue}`` picks text/html)
+    and ``text`` as its plain text, whose ``repr`` is what myst-nb stores as text/plain (so the
+    page's glued verdicts can be compared with its contract's statements)."""
+
+    text: str
+    html: str
+
+    def __repr__(self) -> str:
+        return repr(self.text)
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+
+def _html_inline(markdown: str) -> str:
+    """The book's inline Markdown (only ``**bold**``) as HTML, everything else escaped."""
+    return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(markdown, quote=False))
+
+
+def paste(value: Claim | str) -> Pasted:
+    """A claim (:meth:`Claim.pasted`) or a sentence of the page's own, ready for ``glue``: the
+    ``{glue}`` role pastes its HTML inline in the chapter's prose (a bare string would paste as
+    code)."""
+    if isinstance(value, Claim):
+        return value.pasted()
+    return Pasted(str(value), _html_inline(str(value)))
+
+
+def paste_table(items: Sequence[Claim] | dict[str, Claim]) -> Pasted:
+    """:func:`table` ready for ``glue`` (pasted in the chapter with the ``{glue}`` directive)."""
+    return Pasted(table(items), table_html(items))
 
 
 _PLURAL = re.compile(r"\w\((?:s|es)\)")

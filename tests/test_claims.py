@@ -233,3 +233,17 @@ def test_prose_problems_catch_each_defect(bad):
 
 def test_prose_problems_accept_acronyms_after_a_colon():
     assert claims.prose_problems("en esta máquina: TTFT de 3 ms; criterio: H100") == []
+
+
+def test_pasted_values_show_html_in_the_book_and_the_statement_to_the_contract_check():
+    c = claims.compare([2.0, 2.1, 2.2, 2.0, 2.1, 2.2], [1.0, 1.1, 1.0, 1.0, 1.1, 1.0],
+                       what="a < b", higher="A gana", lower="B gana")
+    p = c.pasted()
+    assert eval(repr(p)) == c.text                     # what myst-nb stores as text/plain
+    assert p._repr_html_() == '<span class="verdict">A &lt; b: <strong>2,10 veces</strong>; A gana.</span>'
+    assert claims.paste("Sin **nada** que decidir.").html == "Sin <strong>nada</strong> que decidir."
+    t = claims.paste_table([c])
+    assert t.text == claims.table([c]) and t.html.count("<tr>") == 2 and "a &lt; b" not in t.html
+    assert "A &lt; b" in t.html and "<caption>Cómo se decidió</caption>" in t.html
+    with pytest.raises(ValueError, match="al menos una"):
+        claims.table([])
