@@ -530,6 +530,12 @@ def paste_table(items: Sequence[Claim] | dict[str, Claim]) -> Pasted:
     return Pasted(table(items), table_html(items))
 
 
+def contract_table(contract: dict) -> Pasted:
+    """The detail table of every claim in a lab's contract, rebuilt from the contract's own
+    inputs (so the table and the contract cannot disagree), ready for ``glue``."""
+    return paste_table([rebuild(item["claim"]) for item in claims_of(contract)])
+
+
 _PLURAL = re.compile(r"\w\((?:s|es)\)")
 _CAPITAL_AFTER_COLON = re.compile(r":\s+(?:\*\*)?[A-ZÁÉÍÓÚÑ][a-záéíóúñ]")
 _RAW_SUBSCRIPT = re.compile(r"\b[A-Za-z]+_[A-Za-z0-9]+\b")
