@@ -512,8 +512,10 @@ class Pasted:
 
 
 def _html_inline(markdown: str) -> str:
-    """The book's inline Markdown (only ``**bold**``) as HTML, everything else escaped."""
-    return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(markdown, quote=False))
+    """The book's inline Markdown (``**bold**`` and ```code```) as HTML, everything else
+    escaped."""
+    text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(markdown, quote=False))
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
 
 
 def paste(value: Claim | str) -> Pasted:

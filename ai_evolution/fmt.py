@@ -24,6 +24,12 @@ def es(x: float, decimals: int = 2) -> str:
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
+def es_count(n: int, singular: str, plural: str | None = None) -> str:
+    """``es_count(1, "hilo") -> '1 hilo'``, ``es_count(4, "hilo") -> '4 hilos'``: a count with
+    its noun in the right number, never "hilo(s)" (``plural`` when adding "s" is wrong)."""
+    return f"{es(n, 0)} {singular if n == 1 else plural or singular + 's'}"
+
+
 def es_sig(x: float, digits: int = 6) -> str:
     """``x`` with about ``digits`` significant digits and a decimal comma (a Spanish ``%g``):
     ``es_sig(0.0123456, 3) -> '0,0123'``; powers of ten, ``'1,5 × 10⁻⁶'``, when extreme."""

@@ -31,7 +31,8 @@ def busy_claim_problems(contract: dict) -> list[str]:
     """What is wrong with a contract's claims: a sentence its inputs do not give
     (``claims.recheck_contract``), a decisive comparison whose printed interval contains 1 (or an
     inconclusive one whose interval excludes it), or a claim whose volatility does not follow its
-    source (measured on this machine ⇔ volatile)."""
+    source (measured on this machine ⇔ volatile), or a verdict that does not read as prose in the
+    book (``claims.prose_problems``: a "(s)" plural, backticks, a capital after a colon...)."""
     problems = list(claims.recheck_contract(contract))
     for item in claims.claims_of(contract):
         claim = item["claim"]
@@ -43,6 +44,8 @@ def busy_claim_problems(contract: dict) -> list[str]:
             decisive = claim["outcome"] in (claims.HIGHER, claims.LOWER)
             if decisive != (est.decisive and not est.contains(1.0)):
                 problems.append(f"decisive={decisive} with interval {est}: {item['statement']}")
+        prose = claims.rebuild(claim).markdown
+        problems += [f"{p}: {prose}" for p in claims.prose_problems(prose)]
         if item.get("volatile", False) != (item["source"] == "measured"):
             problems.append(f"volatile={item.get('volatile')} for a {item['source']} claim: "
                             f"{item['statement']}")
@@ -90,3 +93,10 @@ def test_shared_seconds_counts_the_time_another_page_ran_beside_each_page():
     pages = {"a": {"began": 0.0, "ended": 10.0}, "b": {"began": 2.0, "ended": 5.0},
              "c": {"began": 4.0, "ended": 12.0}, "d": {"began": 20.0, "ended": 21.0}}
     assert shared_seconds(pages) == {"a": 8.0, "b": 3.0, "c": 6.0, "d": 0.0}
+
+
+def test_the_busy_machine_checks_find_a_verdict_that_does_not_read_as_prose():
+    bad = claims.compare([2.0, 2.1, 2.2, 2.0, 2.1], [1.0, 1.1, 1.0, 1.0, 1.05],
+                         what="tokens/s con 1 hilo(s)", higher="gana `sdpa`", lower="pierde")
+    assert any("plural" in p for p in busy_claim_problems({"evidence": [bad.evidence("x")]}))
+    assert any("invertidas" in p for p in busy_claim_problems({"evidence": [bad.evidence("x")]}))

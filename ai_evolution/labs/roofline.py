@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import claims
-from ..fmt import es, es_bytes
+from ..fmt import es, es_bytes, es_count
 from ..hardware import (default_dtype, get_device_spec, measure_matmul,
                         measure_stream_bandwidths, synchronize)
 from ..model import ModelConfig, get_preset, load_model
@@ -568,7 +568,7 @@ def _limitations(f: Findings) -> list[str]:
     ]
     if f.params["torch_threads"]:
         limitations.append(
-            f"Todo se midió con {probes['torch_threads']} hilo(s) de torch (parámetro "
+            f"Todo se midió con {es_count(probes['torch_threads'], 'hilo')} de torch (parámetro "
             "torch_threads): con otro número de hilos la máquina lee y calcula a otro ritmo.")
     return limitations
 
