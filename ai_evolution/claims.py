@@ -62,10 +62,16 @@ LINEAR, SUPERLINEAR, BETWEEN = "linear", "superlinear", "between"
 #
 # The percentile bootstrap the module used before prints 95 % whatever n is; for the median of
 # 3 values it is their min-max range, which covers 75 %.
+# - ``BOOTSTRAP``: a percentile bootstrap, for a statistic no order statistic covers (a pooled
+#   perplexity over text fragments). Its coverage is only approximately its level, and only with
+#   enough samples: from ``BOOT_MIN_N`` on it is printed as "aproximado"; below, it is a range
+#   with no known coverage, and decides nothing.
 DECISIVE = 0.90
-ORDER, ORDER2, POINT = "order", "order2", "point"
+BOOT_MIN_N = 20
+ORDER, ORDER2, BOOTSTRAP, POINT = "order", "order2", "bootstrap", "point"
 METHOD_TEXT = {ORDER: "estadísticos de orden, cobertura exacta",
                ORDER2: "estadísticos de orden, cobertura mínima garantizada",
+               BOOTSTRAP: "bootstrap de percentiles, cobertura aproximada",
                POINT: "una sola medición"}
 
 
@@ -140,6 +146,8 @@ class Estimate:
         """The coverage rounded down, so that it never claims more than the method has:
         "96 %", or "al menos el 95 %" for a lower bound."""
         pct = es(math.floor(100 * self.coverage + 1e-9), 0) + "\u00a0%"
+        if self.method == BOOTSTRAP:
+            return f"{pct} aproximado" if self.coverage else "una cobertura desconocida"
         return f"al menos el {pct}" if self.method == ORDER2 else pct
 
     def interval_phrase(self, decimals: int = 2) -> str:
@@ -149,6 +157,8 @@ class Estimate:
         cov = self.coverage_text()
         if self.decisive:
             return f"intervalo {'de ' if self.method == ORDER2 else 'del '}{cov}: {span}"
+        if self.method == BOOTSTRAP:
+            return f"rango {span}, de {cov} (bootstrap con menos de {BOOT_MIN_N} muestras)"
         return f"rango {span}, que cubre {'' if self.method == ORDER2 else 'el '}{cov}"
 
 
@@ -374,21 +384,22 @@ def compare(a: Sequence[float], b: Sequence[float], *, what: str, higher: str, l
 def threshold(value: float, limit: float, *, what: str, passed: str, failed: str,
               below: bool = True, scale: float = 100.0, unit: str = "%", decimals: int = 1,
               interval: Sequence[float] | Estimate | None = None, inconclusive: str = "",
-              coverage: float | None = None, n: int | None = None) -> Claim:
+              coverage: float | None = None, n: int | None = None,
+              method: str | None = None) -> Claim:
     """Does ``value`` meet the criterion (``value <= limit`` when ``below``, else ``>=``)?
 
     With an ``interval`` (low, high) that straddles the limit the claim is inconclusive. Pass
     an :class:`Estimate` as ``interval`` (or ``coverage`` and ``n`` beside a pair): the sentence
     prints its real coverage, and a coverage under ``DECISIVE`` decides nothing. Numbers are
-    printed as ``value * scale`` with ``unit`` (default: a fraction as a percentage).
+    printed as ``value * scale`` with ``unit`` (default: a fraction as a percentage);
+    ``method`` names how the interval was made (``ORDER`` when not given).
     """
     if isinstance(interval, Estimate):
         coverage = interval.coverage if coverage is None else coverage
         n = interval.n if n is None else n
-        method = interval.method
+        method = interval.method if method is None else method
         interval = (interval.low, interval.high)
-    else:
-        method = ORDER
+    method = method or ORDER
     value, limit = float(value), float(limit)
     if not (math.isfinite(value) and math.isfinite(limit)):
         raise ValueError(f"threshold necesita números finitos; se recibieron {value} y {limit}")
@@ -422,6 +433,8 @@ def threshold(value: float, limit: float, *, what: str, passed: str, failed: str
               "interval": None if interval is None else [low, high], "inconclusive": inconclusive}
     if coverage is not None:      # older contracts rebuild without the keys
         inputs.update(coverage=float(coverage), n=None if n is None else int(n))
+        if method != ORDER:
+            inputs["method"] = method
     return _claim("threshold", outcome, value, inputs, phrase=phrase, what=what, shown=number,
                   interval="; ".join(x for x in (f"criterio: {crit}", shown_interval) if x),
                   n="" if n is None else f"{n} mediciones",

@@ -245,7 +245,7 @@ def _regime_claims(decode_intensity: float, prefill_intensity: float, ridge: cla
         return claims.threshold(
             intensity / ridge.median, 1.0, below=below, scale=1, unit="veces", decimals=2,
             interval=(intensity / ridge.high, intensity / ridge.low), coverage=ridge.coverage,
-            n=ridge.n,
+            n=ridge.n, method=ridge.method,
             what=f"intensidad {phase} / punto de cresta medido", passed=left if below else right,
             failed=right if below else left)
 
