@@ -502,7 +502,8 @@ def table_html(items: Sequence[Claim] | dict[str, Claim]) -> str:
     """:func:`table` as a quiet HTML table (class ``verdict-detail``, styled by the book's CSS)
     under the caption "Cómo se decidió"."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in TABLE_HEADER)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+    body = "".join("<tr>" + "".join(f'<td data-label="{html.escape(h)}">{html.escape(c)}</td>'
+                                    for h, c in zip(TABLE_HEADER, row)) + "</tr>"
                    for row in _rows(items))
     return (f'<div class="verdict-detail"><table><caption>Cómo se decidió</caption>'
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
