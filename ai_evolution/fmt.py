@@ -83,6 +83,16 @@ def es_bytes(n: float, decimals: int = 2) -> str:
     return f"{es(n, 0)} B"
 
 
+def es_bytes_column(values, decimals: int = 2) -> list[str]:
+    """Byte counts for one column of a table, all in one binary unit (KiB, MiB or GiB, the one
+    that fits the largest), so a column never mixes kB with KiB or MB with MiB."""
+    values = [float(v) for v in values]
+    top = max(values, default=0.0)
+    unit, size = next(((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20)) if top >= s),
+                      ("KiB", 2**10))
+    return [f"{es(v / size, decimals)} {unit}" for v in values]
+
+
 def table(rows: list[dict], columns: list[tuple]) -> str:
     """A plain-text table, one line per row, numbers in Spanish.
 

@@ -45,3 +45,10 @@ def test_counts_take_the_number_of_their_noun():
     assert es_count(1, "hilo") == "1 hilo" and es_count(4, "hilo") == "4 hilos"
     assert es_count(0, "par", "pares") == "0 pares"
     assert es_count(2, "valor", "valores") == "2 valores" and es_count(12000, "token") == "12\u00a0000 tokens"
+
+
+def test_a_byte_column_keeps_one_binary_unit():
+    from ai_evolution.fmt import es_bytes_column
+    assert es_bytes_column([1000, 2**20, 3 * 2**20 + 5]) == ["0,00 MiB", "1,00 MiB", "3,00 MiB"]
+    assert es_bytes_column([512, 2048]) == ["0,50 KiB", "2,00 KiB"]
+    assert es_bytes_column([2**31]) == ["2,00 GiB"]
