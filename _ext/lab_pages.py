@@ -50,11 +50,11 @@ def edition() -> str:
     return value
 
 
-def _strip_solution():
+def _make_student():
     spec = importlib.util.spec_from_file_location("make_student", MAKE_STUDENT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.strip_solution, module.BEGIN
+    return module
 
 
 def student_path(source: Path, srcdir: Path) -> str | None:
@@ -127,16 +127,19 @@ def add_student_box(app, doctree, docname):
                                   student=edition() == "student"))
 
 
-def strip_solutions(doctree, where: str) -> int:
+def strip_solutions(doctree, where: str, solved: bool = False) -> int:
     """Replace, in every code block of ``doctree``, each solution region by the student
-    notebook's stub; return how many blocks changed."""
-    strip, begin = _strip_solution()
+    notebook's stub (``solved``: by its code without the markup and the hints, as the full
+    edition shows it); return how many blocks changed."""
+    module = _make_student()
+    begin = module.BEGIN
     changed = 0
     for block in list(doctree.findall(nodes.literal_block)):
         text = block.astext()
         if begin not in text:
             continue
-        student, _ = strip(text, where)
+        student = (module.show_solution(text, where) if solved else
+                   module.strip_solution(text, where)[0])
         new = block.copy()  # same attributes (language, classes), new text
         new += nodes.Text(student)
         new.rawsource = student
@@ -147,9 +150,10 @@ def strip_solutions(doctree, where: str) -> int:
 
 def student_code_only(app, doctree):
     """Student edition: a lab page shows the student notebook's code (``doctree-read``, so the
-    written page and the search index both get it)."""
-    if edition() == "student" and _student(app, app.env.docname) is not None:
-        strip_solutions(doctree, app.env.docname)
+    written page and the search index both get it). Full edition: the solutions without the
+    ``# BEGIN SOLUTION`` / ``# END SOLUTION`` markers and the student's hints."""
+    if _student(app, app.env.docname) is not None:
+        strip_solutions(doctree, app.env.docname, solved=edition() != "student")
 
 
 def no_copied_sources(app, config):

@@ -24,6 +24,12 @@ def es(x: float, decimals: int = 2) -> str:
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
+def es_count(n: int, singular: str, plural: str | None = None) -> str:
+    """``es_count(1, "hilo") -> '1 hilo'``, ``es_count(4, "hilo") -> '4 hilos'``: a count with
+    its noun in the right number, never "hilo(s)" (``plural`` when adding "s" is wrong)."""
+    return f"{es(n, 0)} {singular if n == 1 else plural or singular + 's'}"
+
+
 def es_sig(x: float, digits: int = 6) -> str:
     """``x`` with about ``digits`` significant digits and a decimal comma (a Spanish ``%g``):
     ``es_sig(0.0123456, 3) -> '0,0123'``; powers of ten, ``'1,5 × 10⁻⁶'``, when extreme."""
@@ -75,6 +81,16 @@ def es_bytes(n: float, decimals: int = 2) -> str:
     if n >= 1e3:
         return f"{es(n / 1e3, decimals)} kB"
     return f"{es(n, 0)} B"
+
+
+def es_bytes_column(values, decimals: int = 2) -> list[str]:
+    """Byte counts for one column of a table, all in one binary unit (KiB, MiB or GiB, the one
+    that fits the largest), so a column never mixes kB with KiB or MB with MiB."""
+    values = [float(v) for v in values]
+    top = max(values, default=0.0)
+    unit, size = next(((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20)) if top >= s),
+                      ("KiB", 2**10))
+    return [f"{es(v / size, decimals)} {unit}" for v in values]
 
 
 def table(rows: list[dict], columns: list[tuple]) -> str:

@@ -90,6 +90,23 @@ def strip_solution(source: str, where: str) -> tuple[str, bool]:
     return "\n".join(out), found
 
 
+def show_solution(source: str, where: str) -> str:
+    """One cell's source as the solved page shows it: the solution code without its markup
+    (the ``BEGIN``/``END`` marker lines and the ``PISTA`` hint lines, which are for the student
+    notebook). Malformed markup raises as in :func:`strip_solution`."""
+    strip_solution(source, where)  # the same checks
+    out, inside = [], False
+    for line in source.split("\n"):
+        text = line.strip()
+        if text in (BEGIN, END):
+            inside = text == BEGIN
+            continue
+        if inside and text.startswith(HINT):
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
 def make_student(solution_md: Path, url: str) -> nbformat.NotebookNode:
     nb = jupytext.read(solution_md)
     nb.nbformat, nb.nbformat_minor = 4, 5

@@ -345,3 +345,24 @@ def test_the_sub_path_checker_sees_each_kind_of_problem(tmp_path):
     assert "petición fuera de /curso/2027/: /imagen.png (404)" in text
     assert "salto.html: enlace fuera de /curso/2027/: /fuera.html" in text
     assert "otra.html" not in text.replace("index.html", "")
+
+
+@pytest.mark.slow
+def test_a_verdict_and_its_decision_table_fit_a_phone(tmp_path):
+    """The formatter's output (``claims``: a sentence with its number in bold, the quiet
+    "Cómo se decidió" table) with the book's stylesheet: nothing overflows, is cut or scrolls,
+    at 1400 px or at 390 px (on a phone the table's rows become blocks)."""
+    from ai_evolution import claims
+
+    c = claims.compare([2.0, 2.1, 2.2, 2.0, 2.1], [1.0, 1.1, 1.0, 1.0, 1.05],
+                       what="TTFT medio del prompt largo con 16 tokens por paso / con 512 tokens por paso",
+                       higher="con pasos pequeños el prompt largo tarda más en dar su primer token",
+                       lower="con pasos pequeños el prompt largo da antes su primer token")
+    g = claims.growth([1, 2, 3, 4], [1, 4, 9, 16], what="memoria pico de la atención ingenua frente a N")
+    css = (ROOT / "_ext" / "static" / "book.css").as_uri()
+    page = (f'<html><head><meta name="viewport" content="width=device-width">'
+            f'<link rel="stylesheet" href="{css}"></head><body>'
+            f'<article class="bd-article" style="max-width: 700px"><p>Texto. {c.pasted().html}</p>'
+            f'{claims.paste_table([c, g]).html}</article></body></html>')
+    (tmp_path / "veredicto.html").write_text(page, encoding="utf-8")
+    assert rendering_problems(tmp_path, ["veredicto"], _chromium()) == {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ def test_compare_separated_samples_pick_the_side_they_lie_on():
 
 
 def test_compare_overlapping_samples_are_inconclusive_and_say_so():
-    a, b = [10.0, 6.0, 12.0, 7.0], [9.0, 11.0, 6.5, 8.0]
+    a, b = [10.0, 6.0, 12.0, 7.0, 9.0, 8.0], [9.0, 11.0, 6.5, 8.0, 9.5, 7.5]
     c = claims.compare(a, b, **PHRASES)
     assert c.outcome == claims.INCONCLUSIVE
     assert "A gana" not in c.text and "B gana" not in c.text and "no es concluyente" in c.text
@@ -54,11 +55,12 @@ def test_compare_outcome_agrees_with_its_printed_interval(a, b, paired):
     est = claims.ratio_estimate(a, b, paired=paired)
     assert c.value == pytest.approx(est.median)
     if c.outcome == claims.HIGHER:
-        assert est.low > 1 and est.n >= 2
+        assert est.low > 1 and est.decisive
     elif c.outcome == claims.LOWER:
-        assert est.high < 1 and est.n >= 2
+        assert est.high < 1 and est.decisive
     else:
-        assert est.n < 2 or est.low <= 1 <= est.high
+        assert not est.decisive or est.low <= 1 <= est.high
+    assert est.decisive == (est.coverage >= claims.DECISIVE) and est.low <= est.median <= est.high
     assert claims.recheck(c.evidence("x")) == []
 
 
@@ -68,9 +70,9 @@ def test_threshold_passes_fails_and_straddles():
     mid = claims.threshold(0.14, 0.15, what="error", passed="validado", failed="no validado",
                            interval=(0.10, 0.20))
     assert (ok.outcome, bad.outcome, mid.outcome) == (claims.PASSED, claims.FAILED, claims.INCONCLUSIVE)
-    assert "16,9" in bad.text and "no validado" in bad.text and "15,0" in bad.text
-    assert "validado" in ok.text and "no validado" not in ok.text
-    assert "no validado" not in mid.text and "no es concluyente" in mid.text
+    assert "16,9" in bad.text and "no validado" in bad.text.lower() and "15,0" in bad.text
+    assert "validado" in ok.text.lower() and "no validado" not in ok.text.lower()
+    assert "validado" not in mid.text.lower() and "no es concluyente" in mid.text
     above = claims.threshold(2.0, 1.5, what="ganancia", passed="sí", failed="no", below=False,
                              scale=1, unit="veces", decimals=2)
     assert above.outcome == claims.PASSED and "2,00 veces" in above.text
@@ -125,20 +127,123 @@ def test_claims_survive_json_and_the_contract_schema():
 
 
 def test_recheck_catches_a_statement_its_numbers_contradict():
-    item = claims.compare([1, 1.1, 1.05], [2, 2.1, 2.05], **PHRASES).evidence("x")
+    item = claims.compare([1, 1.1, 1.05, 1.0, 1.02, 1.08], [2, 2.1, 2.05, 2.0, 2.02, 2.1],
+                          **PHRASES).evidence("x")
     assert item["claim"]["outcome"] == claims.LOWER
     lying = dict(item, statement=item["statement"].replace("B gana", "A gana"))
     assert any("statement" in p for p in claims.recheck(lying))
     tampered = json.loads(json.dumps(item))
-    tampered["claim"]["inputs"]["a"] = [3, 3.1, 3.05]
+    tampered["claim"]["inputs"]["a"] = [3, 3.1, 3.05, 3.0, 3.02, 3.08]
     problems = claims.recheck(tampered)
     assert any("outcome" in p for p in problems) and any("value" in p for p in problems)
 
 
 def test_compare_a_tail_percentile():
     rng = np.random.default_rng(1)
-    body = rng.exponential(1.0, 200)
-    tail = np.concatenate([body[:190], 50 + rng.random(10)])  # same median, a far heavier tail
+    body = rng.exponential(1.0, 2000)
+    tail = np.concatenate([body[:1900], 50 + rng.random(100)])  # same median, a far heavier tail
     assert claims.compare(tail, body, paired=False, q=99, **PHRASES).outcome == claims.HIGHER
     assert claims.compare(tail, body, paired=False, **PHRASES).outcome == claims.INCONCLUSIVE
     assert claims.recheck(claims.compare(tail, body, paired=False, q=99, **PHRASES).evidence("x")) == []
+
+
+# --- intervals print the coverage they have ----------------------------------------------------
+def test_order_interval_coverage_is_the_binomial_sum():
+    # Three values: the widest interval is min-max, which covers the median 75 % of the time.
+    assert claims.order_interval(3) == (1, 3, pytest.approx(0.75))
+    assert claims.order_interval(5)[2] == pytest.approx(1 - 2 / 32)
+    assert claims.order_interval(6)[2] == pytest.approx(1 - 2 / 64)
+    for n in (9, 20, 101):
+        l, u, cov = claims.order_interval(n)
+        assert cov >= 0.95 and l + u == n + 1          # symmetric around the median
+        pmf = claims.binomial_pmf(n, 0.5)
+        assert cov == pytest.approx(pmf[l:u].sum())
+    l, u, cov = claims.order_interval(2000, 0.99)
+    assert 1950 < l < 1980 < u <= 2000 and cov >= 0.95
+
+
+@pytest.mark.parametrize("n", [3, 5, 6, 9, 20])
+def test_printed_coverage_holds_by_simulation(n):
+    """Seeded and cheap: 4000 samples of n skewed values; the share of intervals that contain the
+    true median matches the coverage the estimate prints (within 4 standard errors)."""
+    rng = np.random.default_rng(n)
+    trials, true_median = 4000, 1.0                      # lognormal(0, 1): median e^0 = 1
+    data = rng.lognormal(0.0, 1.0, size=(trials, n))
+    ests = [claims.estimate(row) for row in data]
+    printed = ests[0].coverage
+    assert all(e.coverage == printed for e in ests)
+    hit = np.mean([e.contains(true_median) for e in ests])
+    se = math.sqrt(printed * (1 - printed) / trials)
+    assert abs(hit - printed) < 4 * se + 1e-9, (n, hit, printed)
+    assert ests[0].decisive == (printed >= 0.90)
+    # The bootstrap this replaced printed 95 % at any n: three values cover about 75 %.
+    if n == 3:
+        assert hit < 0.80
+
+
+def test_paired_and_unpaired_coverage_by_simulation():
+    rng = np.random.default_rng(7)
+    trials, n = 3000, 7
+    drift = rng.uniform(1, 3, size=(trials, n))          # shared by both members of a pair
+    a = 1.2 * drift * rng.lognormal(0, 0.1, size=(trials, n))
+    b = drift * rng.lognormal(0, 0.1, size=(trials, n))
+    paired = [claims.ratio_estimate(x, y) for x, y in zip(a, b)]
+    assert np.mean([e.contains(1.2) for e in paired]) >= paired[0].coverage - 4 * math.sqrt(
+        paired[0].coverage * (1 - paired[0].coverage) / trials)
+    x = rng.lognormal(0.2, 0.5, size=(trials, 12))
+    y = rng.lognormal(0.0, 0.5, size=(trials, 12))
+    unpaired = [claims.ratio_estimate(p, r, paired=False) for p, r in zip(x, y)]
+    assert unpaired[0].method == claims.ORDER2
+    # ORDER2 states a lower bound: the simulated coverage is at least that.
+    assert np.mean([e.contains(math.exp(0.2)) for e in unpaired]) >= unpaired[0].coverage
+
+
+def test_three_pairs_never_decide_six_can():
+    fast, slow = [2.0, 2.1, 2.2], [1.0, 1.1, 1.0]
+    c = claims.compare(fast, slow, **PHRASES)
+    assert c.outcome == claims.INCONCLUSIVE and "A gana" not in c.text
+    assert "rango" in c.text and "75" in c.text and "95" not in c.text
+    c = claims.compare(fast * 2, slow * 2, **PHRASES)
+    assert c.outcome == claims.HIGHER and "intervalo del 96" in c.text
+    t = claims.threshold(0.05, 0.15, what="error", passed="validado", failed="no",
+                         interval=claims.estimate([0.04, 0.05, 0.06]))
+    assert t.outcome == claims.INCONCLUSIVE and "validado" not in t.text
+    assert claims.recheck(t.evidence("x")) == []
+
+
+# --- the book's formatter ----------------------------------------------------------------------
+def test_markdown_is_one_sentence_with_its_number_in_bold():
+    c = claims.compare([2.0, 2.1, 2.2, 2.0, 2.1, 2.2], [1.0, 1.1, 1.0, 1.0, 1.1, 1.0],
+                       what="tokens/s de A / B", higher="A genera más tokens por segundo",
+                       lower="B genera más")
+    assert c.markdown == "Tokens/s de A / B: **2,10 veces**; A genera más tokens por segundo."
+    table = claims.table({"x": c, "g": claims.growth([1, 2, 3, 4], [1, 2, 3, 4], what="tiempo")})
+    lines = table.strip().splitlines()
+    assert lines[0].startswith("| Medición | Valor |") and len(lines) == 4
+    assert "intervalo del 96" in lines[2] and "6 pares" in lines[2] and "mayor que 1" in lines[2]
+    for text in (c.markdown, table, c.text):
+        assert claims.prose_problems(text) == []
+
+
+@pytest.mark.parametrize("bad", ["con 1 hilo(s)", "la función `sdpa` gana", "en esta máquina: Tokens/s",
+                                 "con H_B = 4", "**1,2 veces"])
+def test_prose_problems_catch_each_defect(bad):
+    assert claims.prose_problems(bad)
+
+
+def test_prose_problems_accept_acronyms_after_a_colon():
+    assert claims.prose_problems("en esta máquina: TTFT de 3 ms; criterio: H100") == []
+
+
+def test_pasted_values_show_html_in_the_book_and_the_statement_to_the_contract_check():
+    c = claims.compare([2.0, 2.1, 2.2, 2.0, 2.1, 2.2], [1.0, 1.1, 1.0, 1.0, 1.1, 1.0],
+                       what="a < b", higher="A gana", lower="B gana")
+    p = c.pasted()
+    assert eval(repr(p)) == c.text                     # what myst-nb stores as text/plain
+    assert p._repr_html_() == '<span class="verdict">A &lt; b: <strong>2,10 veces</strong>; A gana.</span>'
+    assert claims.paste("Sin **nada** que decidir.").html == "Sin <strong>nada</strong> que decidir."
+    t = claims.paste_table([c])
+    assert t.text == claims.table([c]) and t.html.count("<tr>") == 2 and "a &lt; b" not in t.html
+    assert "A &lt; b" in t.html and "<caption>Cómo se decidió</caption>" in t.html
+    with pytest.raises(ValueError, match="al menos una"):
+        claims.table([])

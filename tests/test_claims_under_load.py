@@ -7,7 +7,8 @@ The book build executes its pages two at a time, one torch thread each, on a 2-c
 (`scripts/execute_book.py`; in `make test` lab 2's grading runs beside it too), so a lab page's
 timings are taken on a busy machine: a busy core slows the timings and can flip a comparison;
 what must never happen is a sentence that says one branch while the numbers it carries support
-another, or a decisive verdict built from intervals that overlap. These checks read the book's
+another, or a decisive verdict built from intervals that overlap or from a range whose
+coverage is under `claims.DECISIVE`. These checks read the book's
 own execution (the `ci` profile, seed 0): the labs do not run a second time for them.
 """
 
@@ -30,7 +31,8 @@ def busy_claim_problems(contract: dict) -> list[str]:
     """What is wrong with a contract's claims: a sentence its inputs do not give
     (``claims.recheck_contract``), a decisive comparison whose printed interval contains 1 (or an
     inconclusive one whose interval excludes it), or a claim whose volatility does not follow its
-    source (measured on this machine ⇔ volatile)."""
+    source (measured on this machine ⇔ volatile), or a verdict that does not read as prose in the
+    book (``claims.prose_problems``: a "(s)" plural, backticks, a capital after a colon...)."""
     problems = list(claims.recheck_contract(contract))
     for item in claims.claims_of(contract):
         claim = item["claim"]
@@ -40,8 +42,10 @@ def busy_claim_problems(contract: dict) -> list[str]:
                                         level=inputs["level"], seed=inputs["seed"],
                                         q=inputs.get("q", 50.0))
             decisive = claim["outcome"] in (claims.HIGHER, claims.LOWER)
-            if decisive != (est.n >= 2 and not est.contains(1.0)):
+            if decisive != (est.decisive and not est.contains(1.0)):
                 problems.append(f"decisive={decisive} with interval {est}: {item['statement']}")
+        prose = claims.rebuild(claim).markdown
+        problems += [f"{p}: {prose}" for p in claims.prose_problems(prose)]
         if item.get("volatile", False) != (item["source"] == "measured"):
             problems.append(f"volatile={item.get('volatile')} for a {item['source']} claim: "
                             f"{item['statement']}")
@@ -89,3 +93,10 @@ def test_shared_seconds_counts_the_time_another_page_ran_beside_each_page():
     pages = {"a": {"began": 0.0, "ended": 10.0}, "b": {"began": 2.0, "ended": 5.0},
              "c": {"began": 4.0, "ended": 12.0}, "d": {"began": 20.0, "ended": 21.0}}
     assert shared_seconds(pages) == {"a": 8.0, "b": 3.0, "c": 6.0, "d": 0.0}
+
+
+def test_the_busy_machine_checks_find_a_verdict_that_does_not_read_as_prose():
+    bad = claims.compare([2.0, 2.1, 2.2, 2.0, 2.1], [1.0, 1.1, 1.0, 1.0, 1.05],
+                         what="tokens/s con 1 hilo(s)", higher="gana `sdpa`", lower="pierde")
+    assert any("plural" in p for p in busy_claim_problems({"evidence": [bad.evidence("x")]}))
+    assert any("invertidas" in p for p in busy_claim_problems({"evidence": [bad.evidence("x")]}))

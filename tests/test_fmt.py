@@ -38,3 +38,17 @@ def test_returned_values_are_shown_with_decimal_comma_and_semicolons():
     assert es_value({"time_s": 0.5, "bound": "memory"}) == "{'time_s': 0,5; 'bound': 'memory'}"
     assert es_value(np.float64(0.25)) == "0,25"
     assert es_value(None) == "None" and es_value("x") == "'x'" and es_value(True) == "True"
+
+
+def test_counts_take_the_number_of_their_noun():
+    from ai_evolution.fmt import es_count
+    assert es_count(1, "hilo") == "1 hilo" and es_count(4, "hilo") == "4 hilos"
+    assert es_count(0, "par", "pares") == "0 pares"
+    assert es_count(2, "valor", "valores") == "2 valores" and es_count(12000, "token") == "12\u00a0000 tokens"
+
+
+def test_a_byte_column_keeps_one_binary_unit():
+    from ai_evolution.fmt import es_bytes_column
+    assert es_bytes_column([1000, 2**20, 3 * 2**20 + 5]) == ["0,00 MiB", "1,00 MiB", "3,00 MiB"]
+    assert es_bytes_column([512, 2048]) == ["0,50 KiB", "2,00 KiB"]
+    assert es_bytes_column([2**31]) == ["2,00 GiB"]

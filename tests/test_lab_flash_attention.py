@@ -106,9 +106,9 @@ def memory(naive=lambda n: 3.2 * 16 * n * n, tiled=lambda n: 2e5 + 1024 * n,
 
 def timing(tiled=10.0, sdpa=1.0, naive=30.0, noise=0.0) -> dict:
     def rows(base):
-        return [[base * (1 + noise * ((i * 7 + j) % 5 - 2)) for j in range(4)] for i, _ in
+        return [[base * (1 + noise * ((i * 7 + j) % 5 - 2)) for j in range(5)] for i, _ in
                 enumerate(SIZES)]
-    return {"sizes": SIZES, "dtype": "fp32", "torch_threads": 1, "repeats": 4, "block": 64,
+    return {"sizes": SIZES, "dtype": "fp32", "torch_threads": 1, "repeats": 5, "block": 64,
             "ms": {"tiled": rows(tiled), "sdpa": rows(sdpa), "naive": rows(naive)}}
 
 

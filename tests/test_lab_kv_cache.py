@@ -61,7 +61,7 @@ def growing(ms: float, per_token: float, prompt: int = 16):
     return lambda n: ms + per_token * (prompt + n)
 
 
-def timing(cached, uncached, rounds=4, noise=0.02, scale=1.0, seed=0) -> dict:
+def timing(cached, uncached, rounds=5, noise=0.02, scale=1.0, seed=0) -> dict:
     """Interleaved rounds of per-step milliseconds with multiplicative noise."""
     rng = np.random.default_rng(seed)
     n = np.arange(1, N_NEW + 1)
@@ -85,7 +85,7 @@ def texts(found: dict) -> dict[str, str]:
 def test_theory_shaped_measurements_take_the_theory_branches():
     found = verdicts(facts(), THEORY)
     assert found["speed"].outcome == claims.HIGHER
-    assert "sin caché cada token cuesta más" in found["speed"].text
+    assert "sin caché cada token cuesta más" in found["speed"].text.lower()
     assert "cuesta menos" not in found["speed"].text and "no es concluyente" not in found["speed"].text
     assert found["growth_uncached"].outcome == claims.SUPERLINEAR
     assert "claramente más rápido que lineal" in found["growth_uncached"].text

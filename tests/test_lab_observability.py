@@ -125,13 +125,17 @@ def _omission_study(open_ttft, closed_ttft, fraction=1.0) -> dict:
     (1.0, claims.INCONCLUSIVE, "no es concluyente", "omisión coordinada"),
 ])
 def test_coordinated_omission_verdict_follows_the_numbers(scale, outcome, says, never):
+    # A p99 needs hundreds of requests per side before an interval can cover it 90 % of the
+    # time (from n draws the widest interval covers at most 1 - 0,99**n).
     rng = np.random.default_rng(0)
-    closed = rng.uniform(0.01, 0.02, 40).tolist()
-    open_ = (scale * rng.uniform(0.01, 0.02, 30)).tolist()
+    closed = rng.uniform(0.01, 0.02, 600).tolist()
+    open_ = (scale * rng.uniform(0.01, 0.02, 500)).tolist()
     c = coordinated_omission(_omission_study(open_, closed))
     assert c.outcome == outcome and says in c.text and never not in c.text
     assert "la misma carga ofrecida" in c.text
     assert "parecida" in coordinated_omission(_omission_study(open_, closed, 0.9)).text
+    few = coordinated_omission(_omission_study(open_[:30], closed[:40]))
+    assert few.outcome == claims.INCONCLUSIVE and "solo hay un rango" in few.text
 
 
 @pytest.mark.parametrize("ratio,outcome", [(15.1, claims.PASSED), (1.2, claims.FAILED)])

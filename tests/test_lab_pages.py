@@ -143,3 +143,20 @@ def test_the_student_edition_shows_each_solution_region_as_the_student_stub(monk
     assert "return x + 1" not in first.astext() and "NotImplementedError" in first.astext()
     assert first["language"] == "ipython3" and first["classes"] == ["cell_input"]
     assert second.astext() == "print(1)"
+
+
+def test_the_full_edition_shows_the_solution_code_without_its_markup_and_hints():
+    """Issue 28: solved pages showed `# BEGIN SOLUTION` / `# END SOLUTION` and the student's
+    hints, wrapped mid-line."""
+    ext = _extension()
+    code = ("def f(x):\n    # BEGIN SOLUTION\n    # PISTA: sume uno.\n    # PISTA: y nada más.\n"
+            "    y = x + 1  # a comment of the solution stays\n    return y\n    # END SOLUTION\n")
+    tree = nodes.section()
+    tree += nodes.literal_block(code, code, language="ipython3", classes=["cell_input"])
+    assert ext.strip_solutions(tree, "prueba", solved=True) == 1
+    (block,) = tree.findall(nodes.literal_block)
+    assert block.astext() == ("def f(x):\n    y = x + 1  # a comment of the solution stays\n"
+                              "    return y\n")
+    assert block["language"] == "ipython3"
+    with pytest.raises(make_student.SolutionMarkupError):
+        make_student.show_solution("    # BEGIN SOLUTION\n    return 1\n", "prueba")

@@ -86,7 +86,7 @@ LADDER = [("fp32", "fp32", None), ("bf16", "bf16", None), ("int8", "bf16", "int8
 CTX = 35
 
 
-def speed(step, rounds=4, noise=0.01, bw_gbps=10.0, seed=0) -> dict:
+def speed(step, rounds=5, noise=0.01, bw_gbps=10.0, seed=0) -> dict:
     """``step(bytes) -> seconds`` per format, with multiplicative noise per round."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -355,3 +355,27 @@ def test_self_checks_catch_plausible_mistakes_with_their_hint():
         return 1e3 * reference_predict_step_s(*args)
 
     assert "milisegundos" in _message(checks.check_predict_step_s, in_ms)
+
+
+@pytest.mark.parametrize("g32,g64,outcome,says", [
+    (0.01, 0.03, claims.PASSED, "siguen mejor"),
+    (0.03, 0.01, claims.FAILED, "contra lo que se espera"),
+    (0.0201, 0.02, claims.INCONCLUSIVE, "no se distingue"),
+])
+def test_group_claim_takes_the_branch_of_the_numbers(g32, g64, outcome, says):
+    """int4-g32 against int4-g64 on the same chunks: better, worse (the chapter explains it
+    instead of repeating the theory) or indistinguishable."""
+    found = analyse_quality(quality({"fp32": 0, "bf16": 0, "int4-g64": g64, "int4-g32": g32},
+                                     noise=0.5))
+    c = found.verdicts["group_int4-g32"]
+    assert c.outcome == outcome and says in c.text
+    assert "int4-g64" not in {k.split("_", 1)[1] for k in found.verdicts if k.startswith("group_")}
+    assert "aproximado" in c.text or outcome == claims.INCONCLUSIVE
+    assert claims.recheck(c.evidence("fracción")) == []
+
+
+def test_a_bootstrap_over_few_chunks_decides_nothing():
+    few = increase_estimate([1.0, 2.0, 1.5], [0.5, 1.0, 0.7], [10.0, 10.0, 10.0])
+    assert few.method == claims.BOOTSTRAP and not few.decisive
+    many = increase_estimate([1.0] * 20, [0.5] * 20, [10.0] * 20)
+    assert many.decisive and many.coverage == claims.LEVEL

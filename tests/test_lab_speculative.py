@@ -90,8 +90,8 @@ def timing(plain, spec) -> dict:
 
 
 def test_speedup_branches_follow_the_paired_times():
-    faster = lab.speedup_verdicts(timing([10.0, 10.2, 9.9, 10.1], [5.0, 5.1, 5.0, 5.2]))
-    slower = lab.speedup_verdicts(timing([5.0, 5.1, 5.0, 5.2], [10.0, 10.2, 9.9, 10.1]))
+    faster = lab.speedup_verdicts(timing([10.0, 10.2, 9.9, 10.1, 10.0], [5.0, 5.1, 5.0, 5.2, 5.05]))
+    slower = lab.speedup_verdicts(timing([5.0, 5.1, 5.0, 5.2, 5.05], [10.0, 10.2, 9.9, 10.1, 10.0]))
     assert faster["speedup_k2"].outcome == claims.HIGHER and faster["speedup_k2"].value > 1.9
     assert slower["speedup_k2"].outcome == claims.LOWER
     assert "más lenta" in slower["speedup_k2"].text
@@ -99,8 +99,8 @@ def test_speedup_branches_follow_the_paired_times():
 
 def engine(ratios: dict[int, float], identical=True) -> dict:
     return {"k": 2, "batches": [
-        {"batch_size": b, "ms": {"plain": [10.0 * r, 10.1 * r, 9.9 * r, 10.0 * r],
-                                 "speculative": [10.0, 10.0, 10.0, 10.1]},
+        {"batch_size": b, "ms": {"plain": [10.0 * r, 10.1 * r, 9.9 * r, 10.0 * r, 10.05 * r],
+                                 "speculative": [10.0, 10.0, 10.0, 10.1, 10.0]},
          "speculative_identical": identical} for b, r in ratios.items()]}
 
 
@@ -112,7 +112,7 @@ def test_batch_sentence_says_where_speculation_stops_paying():
     never = engine({1: 0.7, 2: 0.6})
     assert "no paga con ningún lote" in lab.batch_sentence(never, lab.engine_verdicts(never))
     mixed = engine({1: 0.7, 2: 1.0, 4: 0.6})
-    mixed["batches"][1]["ms"]["plain"] = [8.0, 12.0, 9.0, 11.0]  # noisy: inconclusive
+    mixed["batches"][1]["ms"]["plain"] = [8.0, 12.0, 9.0, 11.0, 10.0]  # noisy: inconclusive
     text = lab.batch_sentence(mixed, lab.engine_verdicts(mixed))
     assert "no paga de forma concluyente" in text and "los lotes 1, 4 es más lenta" in text
 

@@ -136,7 +136,8 @@ class SamplingParams:
             accepted = ">= 0" if vocab_size is None else f"0..{vocab_size - 1}"
             listed = ", ".join(_short(t) for t in bad[:MAX_LISTED])
             more = f" y {len(bad) - MAX_LISTED} más" if len(bad) > MAX_LISTED else ""
-            out.append(f"stop_token_ids contiene {len(bad)} valor(es) que no son tokens del "
+            out.append(f"stop_token_ids contiene {len(bad)} "
+                       f"{'valor que no es token' if len(bad) == 1 else 'valores que no son tokens'} del "
                        f"vocabulario (enteros {accepted}): {listed}{more}")
         return out
 

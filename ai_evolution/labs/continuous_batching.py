@@ -295,7 +295,7 @@ def step_gain_claim(row: dict) -> claims.Claim:
                                 row["static"]["throughput_tok_s"])
     return claims.threshold(
         est.median, row["step_ratio"], below=True, scale=1, unit="veces", decimals=2,
-        interval=(est.low, est.high) if est.n >= 2 else None,
+        interval=est if est.n >= 2 else None,
         what=(f"Con tope {row['cap']}, ganancia medida del continuo frente al cociente de pasos "
               "estático/continuo"),
         passed=("la ganancia queda por debajo del cociente de pasos: en esta máquina un paso con "

@@ -717,8 +717,7 @@ SPEC = LabSpec(
                        "tiempo", min=16, max=65536, is_list=True,
                        by_profile={"ci": [128, 256, 512, 1024],
                                    "gpu": [512, 1024, 2048, 4096, 8192]}),
-        "repeats": Param(5, int, "rondas intercaladas de la medición de tiempos", min=1, max=50,
-                         by_profile={"ci": 3}),
+        "repeats": Param(5, int, "rondas intercaladas de la medición de tiempos", min=1, max=50),
         "torch_threads": Param(0, int, "hilos de torch durante el laboratorio (0: los que elija "
                                "torch)", min=0, max=256, by_profile={"ci": 1}),
         "exactness_n": Param(256, int, "tokens de las pruebas de exactitud", min=2, max=8192,

@@ -457,7 +457,7 @@ SPEC = LabSpec(
         "max_new_tokens": Param(448, int, "tokens generados en la medición de tiempos", min=8,
                                 max=4096, by_profile={"ci": 160, "cpu": 448, "gpu": 480}),
         "repeats": Param(3, int, "rondas intercaladas (con caché, sin caché) de la medición de "
-                         "tiempos", min=1, max=50, by_profile={"ci": 3, "cpu": 3, "gpu": 5}),
+                         "tiempos", min=1, max=50, by_profile={"ci": 5, "cpu": 5, "gpu": 5}),
         "torch_threads": Param(0, int, "hilos de torch mientras se miden los tiempos (0: los que "
                                "elija torch)", min=0, max=256, by_profile={"ci": 1}),
         "batch_size": Param(3, int, "prompts de la prueba de exactitud", min=1, max=64),

@@ -451,7 +451,7 @@ SPEC = LabSpec(
         "num_requests": Param(64, int, "peticiones de la carga", min=2, max=10_000,
                               by_profile={"ci": 32}),
         "timing_repeats": Param(5, int, "pares intercalados cronometrados (contigua/bloques y "
-                                "con/sin caché de prefijos)", min=1, max=100, by_profile={"ci": 3}),
+                                "con/sin caché de prefijos)", min=1, max=100),
         "torch_threads": Param(0, int, "hilos de torch mientras se miden los tiempos (0: los que "
                                "elija torch)", min=0, max=256, by_profile={"ci": 1}),
         "prompt_len": Param(64, int, "longitud máxima de prompt (se sortea de 4 a este valor)",

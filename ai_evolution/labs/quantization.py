@@ -356,8 +356,7 @@ def analyse_kv(kv: dict) -> KVFindings:
     est = increase_estimate(nll["int8"], nll["float"], counts)
     ppl = {k: float(np.exp(sum(v) / sum(counts))) for k, v in nll.items()}
     claim = claims.threshold(
-        est.median, 0.0, below=True, scale=100, unit="%", decimals=2,
-        interval=(est.low, est.high),
+        est.median, 0.0, below=True, scale=100, unit="%", decimals=2, interval=est,
         what=(f"aumento de la perplejidad de {kv['model']} con la caché KV en int8 frente a la "
               f"caché en fp32 ({es(ppl['float'], 1)}), en el mismo texto reservado"),
         passed="no es mayor que con la caché en fp32",
@@ -381,15 +380,19 @@ def halving_verdicts(rows: list[dict]) -> dict[str, claims.Claim]:
         est = claims.ratio_estimate(prev["step_s"], cur["step_s"])
         found[f"halving_{cur['label']}"] = claims.threshold(
             est.median / bytes_ratio, HALVING, below=False, scale=100, unit="%", decimals=0,
-            interval=(est.low / bytes_ratio, est.high / bytes_ratio),
+            interval=(est.low / bytes_ratio, est.high / bytes_ratio), coverage=est.coverage,
+            n=est.n, method=est.method,
             what=(f"de {prev['label']} a {cur['label']} los bytes por paso bajan "
                   f"{es(bytes_ratio, 2)} veces y el paso, {es(est.median, 2)} veces: lo que baja "
                   f"el paso / lo que bajan los bytes"),
-            passed=("el paso baja al menos en la proporción del criterio: lo que pesa en él es "
-                    "la lectura de los pesos"),
+            passed=("el paso baja al menos en la proporción del criterio: su tiempo sigue a los "
+                    "bytes que lee, aunque los lea más despacio que la sonda (la eficiencia de "
+                    "cada formato lo dice)"),
             failed=("el paso baja bastante menos que los bytes: pesa algo más que su lectura "
-                    "(el resto del paso, desempaquetar los enteros o un kernel que no satura la "
-                    "memoria)"),
+                    + ("(el resto del paso, desempaquetar los enteros o un kernel que no satura "
+                       "la memoria)" if cur["weight_format"] else
+                       "(el resto del paso, que no cambia con el tipo, o un kernel de "
+                       f"{cur['label']} que no satura la memoria)")),
             inconclusive=("con este ruido no se puede decir si el paso baja en la proporción de "
                           "los bytes"))
     return found
@@ -467,7 +470,9 @@ def increase_estimate(nll: list[float], nll_ref: list[float], counts: list[float
                       level: float = claims.LEVEL) -> claims.Estimate:
     """Perplexity of ``nll`` over perplexity of ``nll_ref`` minus 1 (both per chunk, summed
     nats, over the same ``counts`` tokens), with a bootstrap interval that resamples chunks
-    (paired: a chunk's two losses stay together)."""
+    (paired: a chunk's two losses stay together). A pooled perplexity has no order-statistic
+    interval, so the bootstrap's level is stated as approximate, and only from
+    ``claims.BOOT_MIN_N`` chunks on; with fewer it is a range that decides nothing."""
     a, b = np.asarray(nll, float), np.asarray(nll_ref, float)
     n = np.asarray(counts, float)
     value = float(np.expm1((a.sum() - b.sum()) / n.sum()))
@@ -477,7 +482,8 @@ def increase_estimate(nll: list[float], nll_ref: list[float], counts: list[float
     boot = np.expm1((a[idx].sum(1) - b[idx].sum(1)) / n[idx].sum(1))
     tail = 100 * (1 - level) / 2
     return claims.Estimate(value, float(np.percentile(boot, tail)),
-                           float(np.percentile(boot, 100 - tail)), len(n))
+                           float(np.percentile(boot, 100 - tail)), len(n),
+                           level if len(n) >= claims.BOOT_MIN_N else 0.0, claims.BOOTSTRAP)
 
 
 def pareto_front(rows: list[dict]) -> list[str]:
@@ -521,15 +527,45 @@ def analyse_quality(quality: dict) -> QualityFindings:
                     "worst_layer": worst})
         if r["weight_format"]:
             found[f"quality_{r['label']}"] = claims.threshold(
-                est.median, 0.0, below=True, scale=100, unit="%", decimals=2,
-                interval=(est.low, est.high),
+                est.median, 0.0, below=True, scale=100, unit="%", decimals=2, interval=est,
                 what=(f"aumento de la perplejidad de {r['label']} frente a bf16 en el texto "
                       f"reservado de {quality['model']} ({es(base['perplexity'], 1)} en bf16)"),
                 passed="no es mayor que la de bf16",
                 failed="la perplejidad sube frente a bf16",
                 inconclusive=("su intervalo contiene el 0: en este texto la diferencia no se "
                               "distingue de la que da elegir otros fragmentos"))
+    found |= group_verdicts(quality)
     return QualityFindings(out, pareto_front(out), found)
+
+
+def group_verdicts(quality: dict) -> dict[str, claims.Claim]:
+    """``group_<a>_<b>``: for each pair of int4 formats that differ only in their group size
+    (say g32 and g64), does the smaller group predict the held-out text better? The same
+    chunk-paired interval as the quality claims, so "indistinguishable" is a branch: a model
+    this small on a text this short may not show what smaller groups gain."""
+    rows = {r["label"]: r for r in quality["formats"]}
+    found = {}
+    for label, r in rows.items():
+        small, _, size = label.rpartition("-g")
+        other = next((o for o in rows if o.startswith(small + "-g") and o != label
+                      and int(o.rpartition("-g")[2]) > int(size)), None) if small else None
+        if other is None:
+            continue
+        est = increase_estimate(r["chunk_nll"], rows[other]["chunk_nll"], quality["chunk_tokens"])
+        found[f"group_{label}"] = claims.threshold(
+            est.median, 0.0, below=True, scale=100, unit="%", decimals=2, interval=est,
+            what=f"perplejidad de {label} frente a {other}, en el mismo texto reservado",
+            passed=(f"los grupos de {size} siguen mejor los pesos que los de "
+                    f"{other.rpartition('-g')[2]}: predicen el texto algo mejor"),
+            failed=(f"aquí los grupos de {size} predicen peor que los de "
+                    f"{other.rpartition('-g')[2]}, contra lo que se espera de grupos más "
+                    "pequeños: en un modelo tan pequeño, qué pesos caen en qué grupo pesa más "
+                    "que el tamaño del grupo"),
+            inconclusive=(f"la diferencia entre grupos de {size} y de "
+                          f"{other.rpartition('-g')[2]} no se distingue de la que da elegir otros "
+                          "fragmentos: este modelo y este texto no bastan para ver lo que ganan "
+                          "los grupos más pequeños"))
+    return found
 
 
 def cheapest_within(rows: list[dict], tolerance: float = CHALLENGE_TOLERANCE) -> dict:
@@ -786,7 +822,7 @@ SPEC = LabSpec(
         "decode_tokens": Param(16, int, "tokens generados en cada muestra de velocidad", min=3,
                                max=1024, by_profile={"ci": 6, "gpu": 32}),
         "repeats": Param(5, int, "rondas intercaladas de las mediciones de velocidad", min=1,
-                         max=50, by_profile={"ci": 3}),
+                         max=50),
         "probe_mib": Param(512, int, "MiB de la sonda de lectura de la memoria", min=64,
                            max=8192, by_profile={"ci": 256, "gpu": 1024}),
         "torch_threads": Param(0, int, "hilos de torch durante las mediciones (0: los que elija "

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import claims
-from ..fmt import es, es_bytes
+from ..fmt import es, es_bytes, es_count
 from ..hardware import (default_dtype, get_device_spec, measure_matmul,
                         measure_stream_bandwidths, synchronize)
 from ..model import ModelConfig, get_preset, load_model
@@ -226,7 +226,7 @@ def _floor_claims(measured: dict, eff_gemv: claims.Estimate) -> tuple[claims.Cla
         inconclusive="con este ruido los dos ritmos no se distinguen: ninguno de los dos suelos "
                      "manda con claridad sobre el otro")
     share = claims.threshold(
-        eff_gemv.median, STEP_SHARE, below=False, interval=(eff_gemv.low, eff_gemv.high),
+        eff_gemv.median, STEP_SHARE, below=False, interval=eff_gemv,
         what="eficiencia del paso con lote 1 frente al suelo de los kernels (suelo GEMV / paso "
              "medido)",
         passed="leer los pesos al ritmo de la GEMV explica más de la mitad del paso: lo que lo "
@@ -244,7 +244,8 @@ def _regime_claims(decode_intensity: float, prefill_intensity: float, ridge: cla
     def regime(intensity: float, phase: str, left: str, right: str, below: bool):
         return claims.threshold(
             intensity / ridge.median, 1.0, below=below, scale=1, unit="veces", decimals=2,
-            interval=(intensity / ridge.high, intensity / ridge.low),
+            interval=(intensity / ridge.high, intensity / ridge.low), coverage=ridge.coverage,
+            n=ridge.n, method=ridge.method,
             what=f"intensidad {phase} / punto de cresta medido", passed=left if below else right,
             failed=right if below else left)
 
@@ -313,7 +314,8 @@ def analyse_step(measured: dict, config, dtype_name: str,
 @dataclass(frozen=True)
 class BatchingFindings:
     """What :func:`analyse_batching` finds: the measured curve (medians and samples) against its
-    calibrated prediction, the rounds' resampled ratios ``ratio_boot`` and the claim ``gain``
+    calibrated prediction, ``round_ratios`` (per batch size, each round's step over the
+    prediction calibrated on that round) and the claim ``gain``
     (None with one batch size); :func:`with_departure` adds where the curve leaves its
     prediction (``departure_batch``, ``tolerance`` and the claim ``departure``)."""
 
@@ -323,7 +325,7 @@ class BatchingFindings:
     predicted_s: list[float]
     rooflines: list[dict]
     overhead_s: float
-    ratio_boot: np.ndarray
+    round_ratios: list[list[float]]
     tokens_per_s: list[float]
     gain: claims.Claim | None = None
     departure_batch: int | None = None
@@ -345,9 +347,7 @@ def analyse_batching(measured: dict, config, dtype_name: str, step: StepFindings
     ``predict_fn(bytes, flops, bandwidth, peak, overhead)`` is exercise 2's function (its
     ``time_s``; a bare number of seconds is accepted too). The
     overhead is what the measured batch-1 step (median) takes beyond the roofline; the
-    prediction uses the read probe's bandwidth and the matmul probe's peak. ``ratio_boot``
-    holds measured / predicted per batch size on rounds resampled together (``claims.N_BOOT``
-    times), calibration included: the interval ``with_departure`` reads."""
+    prediction uses the read probe's bandwidth and the matmul probe's peak."""
     batches = measured["batch_sizes"]
     samples = np.asarray(measured["decode_step_s"], dtype=np.float64)  # [batch, round]
     bw, peak = step.bandwidth_bytes_per_s, step.peak_flops
@@ -364,12 +364,10 @@ def analyse_batching(measured: dict, config, dtype_name: str, step: StepFindings
 
     medians = np.median(samples, axis=1)
     overhead, predicted = predict(medians)
-    # The same statistic on rounds resampled together (a slow round slows every batch size of
-    # that round, and the batch-1 calibration with them): measured / predicted per batch size.
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, samples.shape[1], size=(claims.N_BOOT, samples.shape[1]))
-    boot_medians = np.median(samples[:, idx], axis=2).T  # [boot, batch]
-    boot_ratios = np.array([m / np.asarray(predict(m)[1]) for m in boot_medians])
+    # Each round against the prediction calibrated on that same round's batch-1 step: a slow
+    # round slows every batch size of the round, and its calibration with them, so it cancels.
+    round_ratios = np.array([samples[:, k] / np.asarray(predict(samples[:, k])[1])
+                             for k in range(samples.shape[1])]).T  # [batch, round]
     gain = None
     if len(batches) > 1:
         top = batches[-1]
@@ -382,7 +380,7 @@ def analyse_batching(measured: dict, config, dtype_name: str, step: StepFindings
     return BatchingFindings(
         batch_sizes=list(batches), measured_s=medians.tolist(),
         measured_samples_s=samples.tolist(), predicted_s=predicted, rooflines=rooflines,
-        overhead_s=overhead, ratio_boot=boot_ratios,
+        overhead_s=overhead, round_ratios=round_ratios.tolist(),
         tokens_per_s=[b / m for b, m in zip(batches, medians)], gain=gain)
 
 
@@ -391,19 +389,17 @@ def with_departure(curve: BatchingFindings, part: int | None,
     """``curve`` plus where the measured curve leaves its prediction: ``part`` is exercise 3's
     answer on the medians (first batch whose step exceeds the prediction by more than
     ``tolerance``). The claim takes that batch (the largest one when none departs): the same
-    ratio of medians against ``1 + tolerance``, with the interval of that ratio over resampled
-    rounds, so noise that straddles the criterion reads as inconclusive."""
+    step / prediction against ``1 + tolerance``: the median of the rounds' ratios
+    (``round_ratios``) with its order-statistic interval."""
     curve = dataclasses.replace(curve, departure_batch=part, tolerance=tolerance)
     batches = curve.batch_sizes
     if len(batches) < 2:
         return curve
     i = batches.index(part) if part is not None else len(batches) - 1
     b, tol = batches[i], es(100 * tolerance, 0)
-    value = curve.measured_s[i] / curve.predicted_s[i]
-    tail = 100 * (1 - claims.LEVEL) / 2
-    low, high = np.percentile(curve.ratio_boot[:, i], [tail, 100 - tail])
-    if len(curve.measured_samples_s[i]) < 2:
-        low = high = value
+    # The median of the rounds' ratios with its exact order-statistic interval: noise that
+    # straddles the criterion, or too few rounds, reads as inconclusive.
+    est = claims.estimate(curve.round_ratios[i])
     if part is not None:
         what = f"lote {b}, el primero cuya mediana supera la predicción: paso medido / predicción"
         passed = f"el lote {b} queda dentro de la tolerancia del {tol} %"
@@ -419,8 +415,8 @@ def with_departure(curve: BatchingFindings, part: int | None,
         inconclusive = (f"ningún lote medido supera la tolerancia del {tol} % por su mediana, "
                         f"pero con este ruido no se puede descartar que el lote {b} ya se separe")
     return dataclasses.replace(curve, departure=claims.threshold(
-        value, 1 + tolerance, below=True, scale=1, unit="veces", decimals=2,
-        interval=(float(low), float(high)), what=what, passed=passed, failed=failed,
+        est.median, 1 + tolerance, below=True, scale=1, unit="veces", decimals=2,
+        interval=est if est.n >= 2 else None, what=what, passed=passed, failed=failed,
         inconclusive=inconclusive))
 
 
@@ -572,7 +568,7 @@ def _limitations(f: Findings) -> list[str]:
     ]
     if f.params["torch_threads"]:
         limitations.append(
-            f"Todo se midió con {probes['torch_threads']} hilo(s) de torch (parámetro "
+            f"Todo se midió con {es_count(probes['torch_threads'], 'hilo')} de torch (parámetro "
             "torch_threads): con otro número de hilos la máquina lee y calcula a otro ritmo.")
     return limitations
 

@@ -405,7 +405,7 @@ SPEC = LabSpec(
     title="El planificador",
     chapter=5,
     folder="labs/05-scheduler",
-    ci_budget_s=75,
+    ci_budget_s=90,
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo servido", choices=SERVED_MODELS),
@@ -420,7 +420,7 @@ SPEC = LabSpec(
                              by_profile={"ci": 384}),
         "warmup_steps": Param(4, int, "pasos antes de que llegue el prompt largo", min=1, max=1000),
         "timing_repeats": Param(5, int, "rondas intercaladas cronometradas (presupuestos y pools)",
-                                min=1, max=100, by_profile={"ci": 3}),
+                                min=1, max=100),
         "torch_threads": Param(0, int, "hilos de torch mientras se miden los tiempos (0: los que "
                                "elija torch)", min=0, max=256, by_profile={"ci": 1}),
         "budgets": Param([16, 32, 64, 128, 512], int, "presupuestos de tokens por paso", min=1,

@@ -70,8 +70,9 @@ def attention_time_figure(timing: dict):
     ax.set_xscale("log", base=2)
     log_y(ax)
     ax.xaxis.set_major_formatter(COMMA)
+    threads = timing["torch_threads"]
     ax.set(xlabel="N (tokens del prefill causal)", ylabel="ms por llamada (mediana, escala log.)",
-           title=f"Tiempo de la atención ({timing['dtype']}, {timing['torch_threads']} hilo(s))")
+           title=f"Tiempo de la atención ({timing['dtype']}, {threads} hilo{'' if threads == 1 else 's'})")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

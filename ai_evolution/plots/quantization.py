@@ -47,19 +47,47 @@ def pareto_figure(rows: list[dict], front: list[str], model_name: str, tokens: i
     by = {r["label"]: r for r in rows}
     base = by["bf16"]["perplexity"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for r in rows:
+    ordered = sorted(rows, key=lambda r: r["bytes_per_weight"])
+    for r in ordered:
         low, high = (base * (1 + v) for v in r["increase_interval"])
         on = r["label"] in front
         ax.errorbar(r["bytes_per_weight"], r["perplexity"],
                     yerr=[[max(0.0, r["perplexity"] - low)], [max(0.0, high - r["perplexity"])]],
                     fmt="o", color="tab:blue" if on else "tab:gray", capsize=3)
-        ax.annotate(r["label"], (r["bytes_per_weight"], r["perplexity"]),
-                    textcoords="offset points", xytext=(6, 4), fontsize=9)
+    # Formats a few percent apart in bytes (int4 with groups of 32 and 64, symmetric or not)
+    # would print their labels over each other: each cluster of near points gets a column of
+    # labels to its right, in the order of their perplexity, each with a line to its point.
+    clusters: list[list[dict]] = []
+    for r in ordered:
+        if clusters and r["bytes_per_weight"] / clusters[-1][-1]["bytes_per_weight"] < 1.15:
+            clusters[-1].append(r)
+        else:
+            clusters.append([r])
+    spans = [base * (1 + v) for r in rows for v in r["increase_interval"]]
+    spans += [r["perplexity"] for r in rows]
+    step = 0.055 * (max(spans) - min(spans) or 1.0)     # one label's height, in perplexity
+    for cluster in clusters:
+        last = cluster is clusters[-1]
+        if len(cluster) == 1:
+            r = cluster[0]
+            ax.annotate(r["label"], (r["bytes_per_weight"], r["perplexity"]), fontsize=9,
+                        textcoords="offset points", xytext=(-6, 6) if last else (6, 4),
+                        ha="right" if last else "left")
+            continue
+        right = max(c["bytes_per_weight"] for c in cluster)
+        top = max(c["perplexity"] for c in cluster)
+        for i, r in enumerate(sorted(cluster, key=lambda r: -r["perplexity"])):
+            ax.annotate(r["label"], (r["bytes_per_weight"], r["perplexity"]), fontsize=9,
+                        xytext=(right * 1.1, top - i * step), va="center",
+                        arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.6})
     ax.plot([by[k]["bytes_per_weight"] for k in front], [by[k]["perplexity"] for k in front],
             color="tab:blue", lw=1, label="frente de Pareto")
     ax.axhline(base, color="tab:gray", ls=":", lw=1, label="bf16")
     ax.set_xscale("log", base=2)
-    ticks = sorted({round(r["bytes_per_weight"], 3) for r in rows})
+    ticks = []
+    for t in sorted({round(r["bytes_per_weight"], 3) for r in rows}):
+        if not ticks or t / ticks[-1] > 1.12:   # closer ticks would print over each other
+            ticks.append(t)
     ax.set_xticks(ticks, [es(t, 2) for t in ticks], fontsize=8)
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(COMMA)
