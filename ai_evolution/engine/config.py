@@ -28,6 +28,7 @@ from .kv_cache import ContiguousKVManager, KVCacheManager, KVManager
 from .llm_engine import Executor, LLMEngine
 from .runner import ModelRunner
 from .scheduler import POLICIES, Policy, Scheduler, check_positive_int, check_token_budget
+from .scheduling_policy import SchedulingPolicy, check_scheduling_policy
 
 KV_LAYOUTS = ("contiguous", "paged")
 DECODE_GRAPHS = ("auto", *GRAPH_BACKENDS, None)
@@ -88,6 +89,9 @@ class EngineConfig:
     (chapter 7). ``speculative_config``: speculative decoding (chapter 9). ``decode_graphs``:
     ``"auto"`` captures pure decode steps as CUDA graphs on a GPU and does nothing on the CPU,
     None turns them off, ``"eager"`` runs their static padded step without capture.
+    ``scheduling_policy``: who is admitted first and who is preempted (chapter 12): ``"fcfs"``,
+    ``"priority"`` (vLLM's), ``"vtc"`` (fair share between tenants) or a class that makes a
+    ``SchedulingPolicy``.
     """
 
     max_num_seqs: int = 8
@@ -102,6 +106,7 @@ class EngineConfig:
     kv_cache_dtype: str | None = None
     speculative_config: SpeculativeConfig | None = None
     decode_graphs: str | None = "auto"
+    scheduling_policy: "str | type[SchedulingPolicy]" = "fcfs"
 
     # Older keyword names, still accepted by ``build_engine`` and ``LLM``.
     ALIASES = {"kv_dtype": "kv_cache_dtype"}
@@ -124,6 +129,7 @@ class EngineConfig:
             raise ValueError(f"decode_graphs={self.decode_graphs!r} no es válido; aceptados: "
                              f"{', '.join(repr(b) for b in DECODE_GRAPHS)}")
         object.__setattr__(self, "speculative_config", SpeculativeConfig.of(self.speculative_config))
+        check_scheduling_policy(self.scheduling_policy)
 
     @classmethod
     def of(cls, config: "EngineConfig | None" = None, **options) -> "EngineConfig":
@@ -195,7 +201,8 @@ def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None =
     scheduler = Scheduler(config.max_num_seqs, config.max_model_len, config.policy, kv=kv,
                           max_num_batched_tokens=config.max_num_batched_tokens,
                           enable_chunked_prefill=config.enable_chunked_prefill,
-                          token_fn=token_fn, victim_fn=victim_fn)
+                          token_fn=token_fn, victim_fn=victim_fn,
+                          scheduling_policy=config.scheduling_policy)
     drafter = None
     spec = config.speculative_config
     if spec is not None:

@@ -77,8 +77,8 @@ def completions_url(base_url: str) -> str:
 
 def request_body(item, model: str, extra_body: dict | None = None) -> dict:
     """The JSON body for one ``WorkItem``: token-id prompt, its sampling parameters, streaming
-    with usage."""
-    _, prompt, params = item
+    with usage; its tenant as OpenAI's ``user`` and its priority as vLLM's ``priority``."""
+    prompt, params = item[1], item[2]
     if not isinstance(params, SamplingParams):
         raise TypeError(f"cada elemento de la carga necesita un SamplingParams; se recibió "
                         f"{type(params).__name__}")
@@ -95,6 +95,11 @@ def request_body(item, model: str, extra_body: dict | None = None) -> dict:
         body["ignore_eos"] = True
     if params.stop_token_ids:
         body["stop_token_ids"] = list(params.stop_token_ids)
+    tags = (item[3] if len(item) > 3 else None) or {}
+    if tags.get("tenant") is not None:  # the OpenAI field that names the end user
+        body["user"] = tags["tenant"]
+    if tags.get("priority", 0) != 0:  # vLLM's extra field
+        body["priority"] = tags["priority"]
     body.update(extra_body or {})
     return body
 
