@@ -183,8 +183,9 @@ def _check(workload, concurrency, timeout_s) -> list:
     if not items:
         raise ValueError("la carga está vacía: hace falta al menos una petición")
     for i, item in enumerate(items):
-        if len(item) != 3:
-            raise ValueError(f"elemento {i}: se esperaba (arrival_time, prompt_token_ids, params)")
+        if len(item) not in (3, 4) or (len(item) == 4 and not isinstance(item[3], (dict, type(None)))):
+            raise ValueError(f"elemento {i}: se esperaba (arrival_time, prompt_token_ids, params) "
+                             "o un WorkItem con sus etiquetas {'priority': p, 'tenant': nombre}")
         t = item[0]
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0 \
                 or not math.isfinite(t):
