@@ -8,10 +8,21 @@ import re
 import pytest
 
 from ai_evolution import claims
-from ai_evolution.labs import LabParamError, run_lab, without_volatile
+from ai_evolution.labs import LabParamError, registry, run_lab, without_volatile
 from ai_evolution.labs.operations import SPEC, Findings, benchmark_study, fairness_study, report
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "registered")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    """The kind joins the registry with its chapter (lab folder, notebooks, assessment); until
+    then the tests register it for themselves."""
+    added = "operations" not in registry._LABS
+    registry._LABS.setdefault("operations", "ai_evolution.labs.operations")
+    yield
+    if added:
+        registry._LABS.pop("operations")
 
 FAST = dict(polite_requests=16, fair_seeds=2, bench_requests=60, bench_seeds=3,
             capacity_requests=60, capacity_seconds=0.5, rate_steps=4, rate_bisections=2,

@@ -22,8 +22,8 @@
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -239,8 +239,10 @@ def calibration_check(model, params: dict, seed: int, device) -> dict:
 
 
 # --- findings and claims --------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class Findings:
+    """What the lab measured and simulated; ``found``: the claims drawn from it."""
+
     params: dict
     model_name: str
     fairness: list[dict]
@@ -248,10 +250,10 @@ class Findings:
     capacity: dict
     autoscaling: dict
     calibration: dict
-    found: dict = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self.found = verdicts(self)
+    @cached_property
+    def found(self) -> dict:
+        return verdicts(self)
 
     def worst_ratio(self, policy: str) -> float:
         return max(r[policy]["polite_p99_ttft_s"] / r["solo_p99_ttft_s"] for r in self.fairness)
