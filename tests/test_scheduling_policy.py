@@ -201,3 +201,41 @@ def test_fcfs_breaks_the_bound_with_a_flooder_and_vtc_keeps_it():
         gaps[policy] = max_service_gap(engine.history, tagged(reqs, tenants))
         bound = vtc_bound(8, engine.scheduler.kv.capacity_tokens)
     assert gaps["vtc"] <= bound < gaps["fcfs"]
+
+
+def test_llm_generate_takes_vllms_priority_list_and_keeps_the_tokens(tiny):
+    from ai_evolution.engine import LLM
+    prompts = ["La caché KV", "El planificador", "Un tenant"]
+    plain = LLM(tiny, tokenizer="tiny-es", max_num_seqs=1).generate(prompts, SamplingParams(max_tokens=5))
+    llm = LLM(tiny, tokenizer="tiny-es", max_num_seqs=1, scheduling_policy="priority")
+    outs = llm.generate(prompts, SamplingParams(max_tokens=5), priority=[2, 0, 1])
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    order = [rid for h in llm.engine.history for rid in h.admitted]
+    assert order == [outs[i].request_id for i in (1, 2, 0)]
+    with pytest.raises(ValueError, match="priority debe ser una lista con un entero por prompt"):
+        llm.generate(prompts, priority=[1])
+    bad = llm.generate(["Hola"], priority=[1.5])[0]
+    assert bad.finish_reason.value == "rejected" and "priority debe ser un entero" in bad.error
+
+
+# --- VTC with paged KV and preemption -------------------------------------------------------------
+@settings(max_examples=15, **PROPS)
+@given(seed=st.integers(0, 10**6), n=st.integers(3, 16), blocks=st.integers(8, 16))
+def test_vtc_with_preemption_returns_every_block_and_counts_the_service_it_gave(seed, n, blocks):
+    from engine_helpers import check_done
+    rng = np.random.default_rng(seed)
+    items, tenants = [], []
+    for k in range(n):
+        tenant = f"t{int(rng.integers(0, 3))}"
+        items.append((float(rng.exponential(0.002) * k), rng.integers(3, 90, int(rng.integers(1, 12))).tolist(),
+                      greedy(int(rng.integers(1, 12))), {"tenant": tenant}))
+        tenants.append(tenant)
+    kv = KVCacheManager(num_blocks=blocks, block_size=4, max_model_len=32)
+    engine = sim(max_num_seqs=4, max_model_len=32, policy="vtc", kv=kv)
+    reqs = engine.run(items)
+    check_done(engine)
+    policy = engine.scheduler.scheduling
+    assert not policy.queued and not policy.priority and not policy.tenant  # nothing left behind
+    for t in set(tenants):  # each prompt charged once, each generated token once
+        mine = [r for r, x in zip(reqs, tenants) if x == t]
+        assert policy.served[t] == sum(r.num_prompt_tokens + 2 * len(r.output_token_ids) for r in mine)

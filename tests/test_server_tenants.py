@@ -208,3 +208,16 @@ def test_priority_server_accepts_priority_and_user_names_the_tenant(ref):
         samples = metric_samples(http.get("/metrics").text)
         assert metric(samples, "tenant_requests_total", tenant="ana", outcome="length") == 1
         assert metric(samples, "tenant_prompt_tokens_total", tenant="ana") > 0
+
+
+def test_metrics_give_at_most_max_tenant_labels_their_own_series():
+    from prometheus_client import generate_latest
+
+    from ai_evolution.server.metrics import OTHER_TENANTS, ServerMetrics
+    m = ServerMetrics(max_tenant_labels=2)
+    for t in ("a", "b", "c", "d", "a"):
+        m.tenant_prompt(t, 10)
+    samples = metric_samples(generate_latest(m.registry).decode())
+    assert metric(samples, "tenant_prompt_tokens_total", tenant="a") == 20
+    assert metric(samples, "tenant_prompt_tokens_total", tenant=OTHER_TENANTS) == 20
+    assert ("ai_evolution:tenant_prompt_tokens_total", frozenset({("tenant", "c")})) not in samples

@@ -34,8 +34,9 @@ outcome}``                                                    outcome, and refus
 seconds``
 =================================================  =========  ========================================
 
-Per-tenant series carry a ``tenant`` label: requests without a tenant count as ``anonymous``;
-their number is bounded by the server's ``Tenants.max_tenants``.
+Per-tenant series carry a ``tenant`` label: requests without a tenant count as ``anonymous``.
+At most ``max_tenant_labels`` tenants get their own label (the first seen); the rest share
+``OTHER_TENANTS``, so a server whose ``user`` values keep changing keeps a bounded ``/metrics``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PREFIX = "ai_evolution:"
+OTHER_TENANTS = "_otros"
 OUTCOMES = ("stop", "length", "abort", "rejected", "overloaded", "error", "rate_limited")
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -53,8 +55,10 @@ E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0
 
 
 class ServerMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, max_tenant_labels: int = 1000) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.max_tenant_labels = max_tenant_labels
+        self._tenant_labels: set[str] = set()
         r = self.registry
         self.running = Gauge(PREFIX + "num_requests_running", "Requests in the running batch.",
                              registry=r)
@@ -105,31 +109,41 @@ class ServerMetrics:
                                        buckets=TPOT_BUCKETS, registry=r)
         self._seen = {"queries": 0, "hits": 0, "preemptions": 0}
 
+    def tenant_label(self, tenant: str) -> str:
+        """``tenant`` itself while fewer than ``max_tenant_labels`` tenants have a label, else
+        ``OTHER_TENANTS`` (thread-safe enough: a race can only add a label or two)."""
+        if tenant in self._tenant_labels:
+            return tenant
+        if len(self._tenant_labels) < self.max_tenant_labels:
+            self._tenant_labels.add(tenant)
+            return tenant
+        return OTHER_TENANTS
+
     def outcome(self, name: str, tenant: str | None = None) -> None:
         self.requests.labels(name).inc()
         if tenant is not None:
-            self.tenant_requests.labels(tenant, name).inc()
+            self.tenant_requests.labels(self.tenant_label(tenant), name).inc()
 
     def refusal(self, outcome: str, tenant: str, reason: str) -> None:
         """A request its tenant's limits refused: ``outcome`` overall, ``reason`` per tenant."""
         self.requests.labels(outcome).inc()
-        self.tenant_requests.labels(tenant, reason).inc()
+        self.tenant_requests.labels(self.tenant_label(tenant), reason).inc()
 
     def tenant_prompt(self, tenant: str | None, n: int) -> None:
         if tenant is not None:
-            self.tenant_prompt_tokens.labels(tenant).inc(n)
+            self.tenant_prompt_tokens.labels(self.tenant_label(tenant)).inc(n)
 
     def tenant_generated(self, tenant: str | None, n: int) -> None:
         if tenant is not None and n:
-            self.tenant_generation_tokens.labels(tenant).inc(n)
+            self.tenant_generation_tokens.labels(self.tenant_label(tenant)).inc(n)
 
     def tenant_ttft(self, tenant: str | None, seconds: float) -> None:
         if tenant is not None:
-            self.tenant_ttft_s.labels(tenant).observe(seconds)
+            self.tenant_ttft_s.labels(self.tenant_label(tenant)).observe(seconds)
 
     def tenant_tpot(self, tenant: str | None, seconds: float) -> None:
         if tenant is not None:
-            self.tenant_tpot_s.labels(tenant).observe(seconds)
+            self.tenant_tpot_s.labels(self.tenant_label(tenant)).observe(seconds)
 
     def update_engine(self, engine, inbox_waiting: int = 0) -> None:
         """Refresh the gauges from the engine (call from the engine's thread)."""
