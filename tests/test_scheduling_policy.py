@@ -239,3 +239,19 @@ def test_vtc_with_preemption_returns_every_block_and_counts_the_service_it_gave(
     for t in set(tenants):  # each prompt charged once, each generated token once
         mine = [r for r, x in zip(reqs, tenants) if x == t]
         assert policy.served[t] == sum(r.num_prompt_tokens + 2 * len(r.output_token_ids) for r in mine)
+
+
+def test_the_vtc_admission_rule_is_a_plug_in_checked_by_the_scheduler():
+    from ai_evolution.engine import PolicyError
+    flood = [(0.0, [5] * 8, greedy(6), {"tenant": "flood"}) for _ in range(12)]
+    polite = [(0.05, [6] * 8, greedy(6), {"tenant": "polite"})]
+    most_served = lambda counters, backlogged: max(backlogged, key=counters.__getitem__)  # noqa: E731
+    waits = {}
+    for name, pick in (("least", None), ("most", most_served)):
+        engine = sim(max_num_seqs=2, policy=lambda pick=pick: VTCPolicy(pick_fn=pick))
+        waits[name] = engine.run(flood + polite)[-1].ttft
+    assert waits["least"] < waits["most"] / 3  # the wrong rule starves the polite tenant again
+    engine = sim(max_num_seqs=2, policy=lambda: VTCPolicy(pick_fn=lambda c, b: "nadie"))
+    engine.add_request([5, 6], greedy(2), tenant="a")
+    with pytest.raises(PolicyError, match="devolvió 'nadie', que no es un tenant con peticiones en cola"):
+        engine.step()

@@ -122,15 +122,25 @@ class PriorityPolicy(SchedulingPolicy):
         return running[max(candidates)[2]]
 
 
+def least_served(counters: dict, backlogged: list) -> object:
+    """VTC's admission rule: the backlogged tenant with the smallest counter (ties: the first
+    in ``backlogged``, which lists them in queue order)."""
+    return min(backlogged, key=counters.__getitem__)
+
+
 class VTCPolicy(SchedulingPolicy):
     """The Virtual Token Counter (Sheng et al., OSDI'24): fair share of weighted tokens between
     tenants. ``counters[tenant]`` is the virtual counter (lifts included); ``served[tenant]`` the
-    weighted tokens really served (prompt when admitted, outputs as generated)."""
+    weighted tokens really served (prompt when admitted, outputs as generated). ``pick_fn
+    (counters, backlogged) -> tenant`` is the admission rule (``least_served``; a student's
+    function plugs in here: ``scheduling_policy=lambda: VTCPolicy(pick_fn=mine)``)."""
 
     name = "vtc"
 
-    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0) -> None:
+    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0,
+                 pick_fn: Callable[[dict, list], object] | None = None) -> None:
         super().__init__()
+        self.pick_fn = pick_fn or least_served
         for label, w in (("input_weight", input_weight), ("output_weight", output_weight)):
             if isinstance(w, bool) or not isinstance(w, numbers.Real) or not w > 0:
                 raise ValueError(f"{label} debe ser un número > 0; se recibió {_short(w)}")
@@ -169,7 +179,12 @@ class VTCPolicy(SchedulingPolicy):
         heads = dict.fromkeys(queues, 0)
         out: list[Request] = []
         while heads:
-            t = min(heads, key=counters.__getitem__)
+            backlogged = list(heads)
+            t = self.pick_fn(dict(counters), list(backlogged))
+            if t not in heads:
+                from .scheduler import PolicyError
+                raise PolicyError(f"la regla de admisión devolvió {_short(t)}, que no es un tenant "
+                                  f"con peticiones en cola; en cola: {backlogged}")
             r = queues[t][heads[t]]
             out.append(r)
             counters[t] += self.prompt_charge(r)
@@ -245,6 +260,6 @@ def make_scheduling_policy(value: "str | Callable[[], SchedulingPolicy] | None")
     return policy
 
 
-__all__ = ["FCFSPolicy", "POLICY_CLASSES", "PriorityPolicy", "SCHEDULING_POLICIES",
+__all__ = ["least_served", "FCFSPolicy", "POLICY_CLASSES", "PriorityPolicy", "SCHEDULING_POLICIES",
            "SchedulingPolicy", "VTCPolicy", "check_scheduling_policy", "check_tags",
            "make_scheduling_policy", "newest_unfinished", "vtc_bound"]
