@@ -129,13 +129,14 @@ def slo_of(params: dict) -> SLO:
 
 def capacity_study(params: dict, seed: int) -> dict:
     """The highest rate meeting the SLO on one simulated replica (each probe at least
-    ``capacity_requests`` requests and ``capacity_seconds`` long), and the replicas for
-    ``target_rate``."""
+    ``capacity_requests`` requests and ``capacity_seconds`` long, at most
+    ``capacity_max_requests``), and the replicas for ``target_rate``."""
     _, big, _ = dc_setup(params)
 
     def run_at(rate: float):
         # enough requests for the queue to reach its steady state: at least capacity_seconds
-        n = max(params["capacity_requests"], math.ceil(rate * params["capacity_seconds"]))
+        n = min(params["capacity_max_requests"],
+                max(params["capacity_requests"], math.ceil(rate * params["capacity_seconds"])))
         items = realistic_workload(n, rate, big.vocab_size, seed + 3,
                                    params["trace"], params["trace_scale"], params["dc_max_model_len"])
         return dc_engine(params, max_num_seqs=params["capacity_max_num_seqs"]).run(items)
@@ -462,6 +463,8 @@ SPEC = LabSpec(
                                    max=100_000, by_profile={"ci": 120}),
         "capacity_max_num_seqs": Param(64, int, "ancho del lote de una réplica (capacidad y "
                                        "autoescalado)", min=1, max=4096, by_profile={"ci": 16}),
+        "capacity_max_requests": Param(2000, int, "peticiones de una sonda como mucho", min=10,
+                                       max=1_000_000, by_profile={"ci": 400}),
         "capacity_seconds": Param(20.0, float, "duración mínima de cada sonda de capacidad (s "
                                   "simulados)", min=0.01, max=1e6, by_profile={"ci": 2.0}),
         "rate_low": Param(1.0, float, "menor ritmo sondeado (peticiones/s)", min=1e-3, max=1e6),
