@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -30,16 +29,17 @@ import torch
 
 from .. import claims
 from ..engine import KVCacheManager, build_engine
-from ..engine.scheduling_policy import vtc_bound
+from ..engine.scheduling_policy import VTCPolicy, vtc_bound
 from ..fairness import max_service_gap, tagged
 from ..fmt import es
 from ..hardware import get_device_spec, measure_bandwidth
 from ..loadgen.realistic import TRACES, flood_mix, realistic_workload, uniform_workload
 from ..metrics import percentile
 from ..model import get_preset, load_model
+from ..reference.operations import reference_bucket_waits
 from ..sim import RooflineCostModel, fit_cost_model, sim_engine, step_cost
-from ..sim.capacity import (SLO, day_shaped_rates, inhomogeneous_poisson, max_rate_meeting_slo,
-                            queue_policy, replay_autoscaling, replicas_for, slo_report,
+from ..sim.capacity import (SLO, day_shaped_rates, inhomogeneous_poisson,
+                            queue_policy, replay_autoscaling, simulated_goodput, slo_report,
                             utilization_policy)
 from ..timing import torch_threads
 from .common import MODEL_DTYPE_PARAM, SERVED_MODELS, served_dtype
@@ -69,10 +69,17 @@ def p99(values) -> float:
 
 
 # --- 1. fairness ----------------------------------------------------------------------------------
-def fairness_study(params: dict, seed: int) -> list[dict]:
+def fairness_study(params: dict, seed: int, pick_fn=None, bucket_fn=None) -> list[dict]:
     """Per workload seed: the polite tenant's p99 TTFT alone and under each policy, and the
-    largest service gap while both tenants were backlogged (VTC's cost: prompt x 1 + output x 2)."""
+    largest service gap while both tenants were backlogged (VTC's cost: prompt x 1 + output x 2).
+    ``pick_fn(counters, backlogged) -> tenant``: VTC's admission rule (default the library's).
+    Also FCFS with the flooder limited at the door (``fcfs_limited``): a token bucket of
+    ``limit_burst`` requests refilled at ``limit_factor`` times the polite rate answers 429 to
+    what exceeds it; ``bucket_fn(times, costs, rate, capacity) -> waits`` decides (default the
+    reference)."""
     _, big, _ = dc_setup(params)
+    bucket_fn = bucket_fn or reference_bucket_waits
+    vtc = "vtc" if pick_fn is None else (lambda: VTCPolicy(pick_fn=pick_fn))
     rows = []
     for k in range(params["fair_seeds"]):
         mix = flood_mix(params["polite_requests"], params["polite_rate"], params["flood_factor"],
@@ -87,7 +94,7 @@ def fairness_study(params: dict, seed: int) -> list[dict]:
         row = {"seed": seed + 100 * k, "solo_p99_ttft_s": solo, "requests": len(mix),
                "max_prompt": max(len(w.prompt_token_ids) for w in mix)}
         for policy in POLICIES:
-            engine = dc_engine(params, policy)
+            engine = dc_engine(params, vtc if policy == "vtc" else policy)
             reqs = engine.run(mix)
             mine = [r for r, t in zip(reqs, tenants) if t == "polite"]
             row[policy] = {"polite_p99_ttft_s": p99(r.ttft for r in mine),
@@ -95,6 +102,17 @@ def fairness_study(params: dict, seed: int) -> list[dict]:
                            "service_gap": max_service_gap(engine.history, tagged(reqs, tenants))}
             row["kv_capacity_tokens"] = engine.scheduler.kv.capacity_tokens
         row["bound"] = vtc_bound(row["max_prompt"], row["kv_capacity_tokens"])
+        flood = [w for w in mix if w.tags["tenant"] == "flood"]
+        waits = [float(x) for x in bucket_fn([w.arrival_time for w in flood], [1.0] * len(flood),
+                                             params["limit_factor"] * params["polite_rate"],
+                                             float(params["limit_burst"]))]
+        refused = {id(w) for w, x in zip(flood, waits) if x > 0}
+        kept = [w for w in mix if id(w) not in refused]
+        reqs = dc_engine(params).run(kept)
+        row["fcfs_limited"] = {
+            "polite_p99_ttft_s": p99(r.ttft for r, w in zip(reqs, kept) if w.tags["tenant"] == "polite"),
+            "refused": len(refused), "flood_requests": len(flood),
+            "max_retry_after_s": max(waits, default=0.0)}
         rows.append(row)
     return rows
 
@@ -127,25 +145,18 @@ def slo_of(params: dict) -> SLO:
     return SLO(params["slo_ttft_s"], params["slo_tpot_s"])
 
 
-def capacity_study(params: dict, seed: int) -> dict:
-    """The highest rate meeting the SLO on one simulated replica (each probe at least
-    ``capacity_requests`` requests and ``capacity_seconds`` long, at most
-    ``capacity_max_requests``), and the replicas for ``target_rate``."""
-    _, big, _ = dc_setup(params)
-
-    def run_at(rate: float):
-        # enough requests for the queue to reach its steady state: at least capacity_seconds
-        n = min(params["capacity_max_requests"],
-                max(params["capacity_requests"], math.ceil(rate * params["capacity_seconds"])))
-        items = realistic_workload(n, rate, big.vocab_size, seed + 3,
-                                   params["trace"], params["trace_scale"], params["dc_max_model_len"])
-        return dc_engine(params, max_num_seqs=params["capacity_max_num_seqs"]).run(items)
-
-    res = max_rate_meeting_slo(run_at, slo_of(params), params["rate_low"], params["rate_high"],
-                               steps=params["rate_steps"], bisections=params["rate_bisections"])
-    return {"goodput_rate": res["rate"], "first_failing_rate": res["first_failing_rate"],
-            "probes": res["probes"], "target_rate": params["target_rate"],
-            "replicas": replicas_for(params["target_rate"], res["rate"])}
+def capacity_study(params: dict, seed: int, device: str | None = None,
+                   keep_records: bool = False) -> dict:
+    """The highest rate meeting the SLO on one simulated replica of ``device`` (default
+    ``dc_device``; each probe at least ``capacity_requests`` requests and ``capacity_seconds``
+    long, at most ``capacity_max_requests``), and the replicas for ``target_rate``."""
+    return simulated_goodput(
+        device or params["dc_device"], params["dc_model"], slo_of(params), params["target_rate"],
+        seed=seed + 3, trace=params["trace"], trace_scale=params["trace_scale"],
+        max_model_len=params["dc_max_model_len"], max_num_seqs=params["capacity_max_num_seqs"],
+        min_requests=params["capacity_requests"], max_requests=params["capacity_max_requests"],
+        min_seconds=params["capacity_seconds"], low=params["rate_low"], high=params["rate_high"],
+        steps=params["rate_steps"], bisections=params["rate_bisections"], keep_records=keep_records)
 
 
 # --- 4. autoscaling -------------------------------------------------------------------------------
@@ -283,6 +294,16 @@ def verdicts(f: Findings) -> dict:
                   f"{n} cargas)"),
             passed="la política lo protege: su cola de latencia queda dentro del factor",
             failed="la política no lo protege: el inundador le multiplica la cola de latencia")
+    refused = sum(r["fcfs_limited"]["refused"] for r in f.fairness)
+    offered = sum(r["fcfs_limited"]["flood_requests"] for r in f.fairness)
+    out["ttft_fcfs_limited"] = claims.threshold(
+        f.worst_ratio("fcfs_limited"), p["ttft_factor"], scale=1, unit="veces", decimals=1,
+        what=(f"Con FCFS y el inundador limitado a la entrada por un cubo de fichas "
+              f"({es(p['limit_factor'], 1)} veces el ritmo del educado, ráfaga de "
+              f"{p['limit_burst']}; {refused} de sus {offered} peticiones reciben un 429), p99 del "
+              f"TTFT del inquilino educado entre el suyo a solas (el peor de {n} cargas)"),
+        passed="el límite a la entrada lo protege aun con FCFS",
+        failed="el límite a la entrada no basta: lo que se admite sigue multiplicando su cola")
     out["gap"] = claims.threshold(
         f.worst_gap_share(), 1.0, scale=100, unit="%", decimals=1,
         what=(f"Con VTC, mayor diferencia de servicio entre los dos inquilinos mientras ambos "
@@ -354,7 +375,8 @@ def autoscaling_sentence(f: Findings) -> str:
 
 def _evidence(f: Findings) -> list[dict]:
     fd = f.found
-    items = [fd[f"ttft_{p}"].evidence("veces", source="computed", volatile=False) for p in POLICIES]
+    items = [fd[f"ttft_{p}"].evidence("veces", source="computed", volatile=False)
+             for p in (*POLICIES, "fcfs_limited")]
     items += [fd["gap"].evidence("%", source="computed", volatile=False),
               fd["fcfs_gap"].evidence("%", source="computed", volatile=False),
               fd["bench_p99_ttft_s"].evidence("veces", source="computed", volatile=False),
@@ -446,6 +468,10 @@ SPEC = LabSpec(
                               min=1, max=1000),
         "fair_seeds": Param(5, int, "cargas (semillas) del estudio de justicia", min=1, max=100,
                             by_profile={"ci": 3}),
+        "limit_factor": Param(2.0, float, "cubo de fichas del inundador: peticiones/s "
+                              "admitidas, en múltiplos del ritmo del educado", min=0.01, max=1e6),
+        "limit_burst": Param(8, int, "cubo de fichas del inundador: capacidad (peticiones "
+                             "seguidas que admite)", min=1, max=1_000_000),
         "ttft_factor": Param(10.0, float, "criterio: p99 del TTFT del educado como mucho este "
                              "múltiplo del suyo a solas", min=1, max=1e6),
         "bench_requests": Param(400, int, "peticiones de cada benchmark", min=10, max=100_000,

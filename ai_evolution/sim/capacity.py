@@ -287,3 +287,41 @@ def replay_autoscaling(make_engine: Callable[[], object], arrivals: Sequence[flo
 __all__ = ["AutoscaleRun", "Observation", "Replica", "SLO", "day_shaped_rates",
            "inhomogeneous_poisson", "max_rate_meeting_slo", "queue_policy", "replay_autoscaling",
            "replicas_for", "slo_report", "utilization_policy"]
+
+
+# --- one replica of a datasheet GPU, realistic lengths --------------------------------------------
+def simulated_goodput(device: str, model: str, slo: SLO, target_rate: float, *, seed: int,
+                      trace: str, trace_scale: float, max_model_len: int, max_num_seqs: int,
+                      min_requests: int, max_requests: int, min_seconds: float, low: float,
+                      high: float, steps: int, bisections: int, keep_records: bool = False) -> dict:
+    """The highest rate one simulated replica (``device``'s datasheet roofline, ``model``'s
+    preset) serves within ``slo`` with ``trace``'s lengths, and the replicas ``target_rate``
+    needs. Each probe lasts at least ``min_requests`` requests and ``min_seconds`` simulated
+    seconds (at most ``max_requests``), so that the queue reaches its steady state.
+    ``keep_records``: each probe also keeps its requests' ``(ttft, tpot)``."""
+    from ..hardware import get_device_spec
+    from ..loadgen.realistic import realistic_workload
+    from ..model import get_preset
+    from .cost_model import RooflineCostModel
+    from .executor import sim_engine
+
+    gpu, big = get_device_spec(device), get_preset(model)
+    dtype = "bf16" if "bf16" in gpu.peak_flops else "fp16"
+    cost = RooflineCostModel.from_device_spec(gpu, dtype)
+    records = {}
+
+    def run_at(rate: float):
+        n = min(max_requests, max(min_requests, math.ceil(rate * min_seconds)))
+        items = realistic_workload(n, rate, big.vocab_size, seed, trace, trace_scale, max_model_len)
+        reqs = sim_engine(big, cost, max_num_seqs, max_model_len, dtype=dtype).run(items)
+        if keep_records:
+            records[rate] = [(r.ttft, r.tpot) for r in reqs]
+        return reqs
+
+    res = max_rate_meeting_slo(run_at, slo, low, high, steps=steps, bisections=bisections)
+    out = {"device": device, "goodput_rate": res["rate"], "first_failing_rate": res["first_failing_rate"],
+           "probes": res["probes"], "target_rate": target_rate,
+           "replicas": replicas_for(target_rate, res["rate"])}
+    if keep_records:
+        out["records"] = records
+    return out
