@@ -517,6 +517,10 @@ SPEC = LabSpec(
                              min=0.01, max=1),
         "util_low": Param(0.3, float, "utilización por debajo de la cual se retira una réplica",
                           min=0, max=1),
+        "challenge_device": Param("h200", str, "reto: la GPU que se compara con la H100",
+                                  choices=("h200", "a100-80gb", "l4")),
+        "challenge_target_rate": Param(250.0, float, "reto: ritmo objetivo de la flota "
+                                       "(peticiones/s)", min=1e-3, max=1e9),
         "calib_requests": Param(24, int, "peticiones de cada ejecución real", min=4, max=10_000,
                                 by_profile={"ci": 12}),
         "calib_scale": Param(16.0, float, "divisor de las longitudes en el modelo pequeño", min=1,

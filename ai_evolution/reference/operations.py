@@ -42,7 +42,9 @@ def p99_of(records: Sequence[tuple], slo_ttft_s: float, slo_tpot_s: float) -> di
     interpolation, and whether both meet the SLO."""
     ttft = [math.inf if t is None else t for t, _ in records]
     tpot = [p for _, p in records if p is not None]
-    p99_ttft = float(np.percentile(ttft, 99))
+    with np.errstate(invalid="ignore"):  # inf - inf between two unfinished requests
+        p99_ttft = float(np.percentile(ttft, 99))
+    p99_ttft = math.inf if math.isnan(p99_ttft) else p99_ttft
     p99_tpot = float(np.percentile(tpot, 99)) if tpot else 0.0
     return {"p99_ttft_s": p99_ttft, "p99_tpot_s": p99_tpot,
             "meets": bool(p99_ttft <= slo_ttft_s and p99_tpot <= slo_tpot_s)}
