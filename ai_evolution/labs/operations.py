@@ -267,6 +267,9 @@ class Findings:
     def found(self) -> dict:
         return verdicts(self)
 
+    def worst_p99(self, policy: str) -> float:
+        return max(r[policy]["polite_p99_ttft_s"] for r in self.fairness)
+
     def worst_ratio(self, policy: str) -> float:
         return max(r[policy]["polite_p99_ttft_s"] / r["solo_p99_ttft_s"] for r in self.fairness)
 
@@ -286,24 +289,24 @@ def verdicts(f: Findings) -> dict:
     p = f.params
     n = len(f.fairness)
     out = {}
-    for policy in POLICIES:
-        out[f"ttft_{policy}"] = claims.threshold(
-            f.worst_ratio(policy), p["ttft_factor"], scale=1, unit="veces", decimals=1,
-            what=(f"Con {POLICY_ES[policy]} y un inundador a {es(p['flood_factor'], 0)} veces su "
-                  f"ritmo, p99 del TTFT del inquilino educado entre el suyo a solas (el peor de "
-                  f"{n} cargas)"),
-            passed="la política lo protege: su cola de latencia queda dentro del factor",
-            failed="la política no lo protege: el inundador le multiplica la cola de latencia")
     refused = sum(r["fcfs_limited"]["refused"] for r in f.fairness)
     offered = sum(r["fcfs_limited"]["flood_requests"] for r in f.fairness)
-    out["ttft_fcfs_limited"] = claims.threshold(
-        f.worst_ratio("fcfs_limited"), p["ttft_factor"], scale=1, unit="veces", decimals=1,
-        what=(f"Con FCFS y el inundador limitado a la entrada por un cubo de fichas "
-              f"({es(p['limit_factor'], 1)} veces el ritmo del educado, ráfaga de "
-              f"{p['limit_burst']}; {refused} de sus {offered} peticiones reciben un 429), p99 del "
-              f"TTFT del inquilino educado entre el suyo a solas (el peor de {n} cargas)"),
-        passed="el límite a la entrada lo protege aun con FCFS",
-        failed="el límite a la entrada no basta: lo que se admite sigue multiplicando su cola")
+    how = {policy: f"Con {POLICY_ES[policy]} y un inundador a {es(p['flood_factor'], 0)} veces su ritmo"
+           for policy in POLICIES}
+    how["fcfs_limited"] = (f"Con FCFS y el inundador limitado a la entrada por un cubo de fichas "
+                           f"({es(p['limit_factor'], 1)} veces el ritmo del educado, ráfaga de "
+                           f"{p['limit_burst']}; {refused} de sus {offered} peticiones reciben un 429)")
+    for policy in (*POLICIES, "fcfs_limited"):
+        # the criterion is the service's own: the polite tenant keeps its p99 TTFT SLO
+        out[f"ttft_{policy}"] = claims.threshold(
+            f.worst_p99(policy), p["slo_ttft_s"], scale=1000, unit="ms", decimals=0,
+            what=(f"{how[policy]}, p99 del TTFT del inquilino educado (el peor de {n} cargas; "
+                  f"{es(f.worst_ratio(policy), 1)} veces el suyo a solas) frente al SLO"),
+            passed=("el límite a la entrada le mantiene el SLO aun con FCFS"
+                    if policy == "fcfs_limited" else "la política le mantiene el SLO"),
+            failed=("el límite a la entrada no basta: lo admitido le rompe el SLO"
+                    if policy == "fcfs_limited" else
+                    "la política no lo protege: el inundador le rompe el SLO"))
     out["gap"] = claims.threshold(
         f.worst_gap_share(), 1.0, scale=100, unit="%", decimals=1,
         what=(f"Con VTC, mayor diferencia de servicio entre los dos inquilinos mientras ambos "
@@ -315,13 +318,20 @@ def verdicts(f: Findings) -> dict:
         passed="FCFS también la respeta con esta carga",
         failed="FCFS no tiene cota: el inundador se lleva el servicio")
     for metric, label in (("p99_ttft_s", "TTFT"), ("p99_tpot_s", "TPOT")):
-        out[f"bench_{metric}"] = claims.compare(
-            [r["realistic"][metric] for r in f.bench], [r["uniform"][metric] for r in f.bench],
+        # with a handful of seeds no 95 % interval is honest: the verdict is a sign test, every
+        # seed's ratio above 1, whose chance were the two benchmarks alike is 1 / 2**seeds
+        ratios = [r["realistic"][metric] / r["uniform"][metric] for r in f.bench]
+        k = len(ratios)
+        out[f"bench_{metric}"] = claims.threshold(
+            min(ratios), 1.0, below=False, scale=1, unit="veces", decimals=2,
             what=(f"p99 del {label} con longitudes de la traza entre el del benchmark uniforme "
-                  "(mismas llegadas y mismos tokens ofrecidos)"),
-            higher=f"el benchmark uniforme subestima la cola del {label}",
-            lower=f"el benchmark uniforme sobrestima la cola del {label}",
-            inconclusive=f"con estas semillas no se distingue la cola del {label} de los dos benchmarks")
+                  f"(mismas llegadas y mismos tokens ofrecidos), el menor de {k} semillas "
+                  f"(de {es(min(ratios), 2)} a {es(max(ratios), 2)} veces)"),
+            passed=(f"en las {k} semillas la traza da más cola: el benchmark uniforme la "
+                    f"subestima (si los dos fueran iguales, que las {k} salieran mayores tendría "
+                    f"una probabilidad de 1/{2 ** k})"),
+            failed=(f"no en las {k} semillas: con estas semillas no se distingue la cola del "
+                    f"{label} de los dos benchmarks"))
     target = p["slo_attainment"]
     for name, row in f.autoscaling["policies"].items():
         out[f"autoscale_{name}"] = claims.threshold(
@@ -472,13 +482,11 @@ SPEC = LabSpec(
                               "admitidas, en múltiplos del ritmo del educado", min=0.01, max=1e6),
         "limit_burst": Param(8, int, "cubo de fichas del inundador: capacidad (peticiones "
                              "seguidas que admite)", min=1, max=1_000_000),
-        "ttft_factor": Param(10.0, float, "criterio: p99 del TTFT del educado como mucho este "
-                             "múltiplo del suyo a solas", min=1, max=1e6),
         "bench_requests": Param(400, int, "peticiones de cada benchmark", min=10, max=100_000,
                                 by_profile={"ci": 150}),
         "bench_rate": Param(20.0, float, "peticiones/s del benchmark", min=0.001, max=1e6,
                             by_profile={"ci": 60.0}),
-        "bench_seeds": Param(5, int, "semillas del benchmark uniforme frente a realista", min=2,
+        "bench_seeds": Param(5, int, "semillas del benchmark uniforme frente a realista", min=5,
                              max=100),
         "slo_ttft_s": Param(2.0, float, "SLO: p99 del TTFT (s)", min=1e-6, max=1e6,
                             by_profile={"ci": 0.5}),
