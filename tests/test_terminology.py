@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = sorted((ROOT / "book").glob("0[0-9]-*.md"))
+CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]-*.md"))
 PROSE_FILES = (CHAPTERS + [ROOT / "book" / "intro.md", ROOT / "book" / "instructor-guide.md"]
                + sorted(ROOT.glob("labs/*/notebook_solution.md"))
                + sorted(ROOT.glob("assessments/*/assessment.md")))
