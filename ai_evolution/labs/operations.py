@@ -38,8 +38,8 @@ from ..metrics import percentile
 from ..model import get_preset, load_model
 from ..reference.operations import reference_bucket_waits
 from ..sim import RooflineCostModel, fit_cost_model, sim_engine, step_cost
-from ..sim.capacity import (SLO, day_shaped_rates, inhomogeneous_poisson,
-                            queue_policy, replay_autoscaling, simulated_goodput, slo_report,
+from ..sim.capacity import (SLO, capacity_study, day_shaped_rates, inhomogeneous_poisson,
+                            queue_policy, replay_autoscaling, slo_report,
                             utilization_policy)
 from ..timing import torch_threads
 from .common import MODEL_DTYPE_PARAM, SERVED_MODELS, served_dtype
@@ -140,23 +140,9 @@ def benchmark_study(params: dict, seed: int) -> list[dict]:
     return rows
 
 
-# --- 3. capacity ----------------------------------------------------------------------------------
+# --- 3. capacity: ``capacity_study`` (sim.capacity) -----------------------------------------------
 def slo_of(params: dict) -> SLO:
     return SLO(params["slo_ttft_s"], params["slo_tpot_s"])
-
-
-def capacity_study(params: dict, seed: int, device: str | None = None,
-                   keep_records: bool = False) -> dict:
-    """The highest rate meeting the SLO on one simulated replica of ``device`` (default
-    ``dc_device``; each probe at least ``capacity_requests`` requests and ``capacity_seconds``
-    long, at most ``capacity_max_requests``), and the replicas for ``target_rate``."""
-    return simulated_goodput(
-        device or params["dc_device"], params["dc_model"], slo_of(params), params["target_rate"],
-        seed=seed + 3, trace=params["trace"], trace_scale=params["trace_scale"],
-        max_model_len=params["dc_max_model_len"], max_num_seqs=params["capacity_max_num_seqs"],
-        min_requests=params["capacity_requests"], max_requests=params["capacity_max_requests"],
-        min_seconds=params["capacity_seconds"], low=params["rate_low"], high=params["rate_high"],
-        steps=params["rate_steps"], bisections=params["rate_bisections"], keep_records=keep_records)
 
 
 # --- 4. autoscaling -------------------------------------------------------------------------------

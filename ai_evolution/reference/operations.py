@@ -3,13 +3,11 @@ decisions at the door, and the goodput read from capacity probes."""
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, Sequence
-
-import numpy as np
 
 from ..engine.scheduling_policy import least_served
 from ..server.tenants import TokenBucket
+from ..sim.capacity import SLO, slo_percentiles
 
 
 def reference_pick_tenant(counters: dict, backlogged: list):
@@ -36,20 +34,6 @@ def reference_bucket_waits(times: Sequence[float], costs: Sequence[float], rate:
     return out
 
 
-def p99_of(records: Sequence[tuple], slo_ttft_s: float, slo_tpot_s: float) -> dict:
-    """p99 TTFT (an unfinished request, ``ttft`` None, counts as infinitely late) and p99 TPOT
-    (over the requests that have one; 0 if none) of ``(ttft, tpot)`` records, linear
-    interpolation, and whether both meet the SLO."""
-    ttft = [math.inf if t is None else t for t, _ in records]
-    tpot = [p for _, p in records if p is not None]
-    with np.errstate(invalid="ignore"):  # inf - inf between two unfinished requests
-        p99_ttft = float(np.percentile(ttft, 99))
-    p99_ttft = math.inf if math.isnan(p99_ttft) else p99_ttft
-    p99_tpot = float(np.percentile(tpot, 99)) if tpot else 0.0
-    return {"p99_ttft_s": p99_ttft, "p99_tpot_s": p99_tpot,
-            "meets": bool(p99_ttft <= slo_ttft_s and p99_tpot <= slo_tpot_s)}
-
-
 def reference_goodput_rate(probes: Mapping[float, Sequence[tuple]], slo_ttft_s: float,
                            slo_tpot_s: float):
     """The goodput read from capacity probes (``{rate: [(ttft, tpot), ...]}``): the highest
@@ -58,7 +42,7 @@ def reference_goodput_rate(probes: Mapping[float, Sequence[tuple]], slo_ttft_s: 
     probe fails."""
     best = None
     for rate in sorted(probes):
-        if not p99_of(probes[rate], slo_ttft_s, slo_tpot_s)["meets"]:
+        if not slo_percentiles(probes[rate], SLO(slo_ttft_s, slo_tpot_s))["meets"]:
             break
         best = rate
     return best

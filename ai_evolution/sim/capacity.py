@@ -53,15 +53,25 @@ class SLO:
         return r.ttft <= self.ttft_s and (r.tpot is None or r.tpot <= self.tpot_s)
 
 
+def slo_percentiles(records: Sequence[tuple], slo: SLO) -> dict:
+    """p99 TTFT and p99 TPOT of ``(ttft, tpot)`` records (linear interpolation; an unfinished
+    request, ``ttft`` None, counts as infinitely late; TPOT over the requests that have one, 0 if
+    none) and whether both meet ``slo``."""
+    ttft = [math.inf if t is None else t for t, _ in records]
+    tpot = [p for _, p in records if p is not None]
+    with np.errstate(invalid="ignore"):  # inf - inf between two unfinished requests
+        p99_ttft = float(np.percentile(ttft, 99)) if ttft else math.nan
+    if ttft and math.isnan(p99_ttft):
+        p99_ttft = math.inf
+    p99_tpot = percentile(tpot, 99) if tpot else 0.0
+    return {"p99_ttft_s": p99_ttft, "p99_tpot_s": p99_tpot,
+            "meets": bool(p99_ttft <= slo.ttft_s and p99_tpot <= slo.tpot_s)}
+
+
 def slo_report(requests: Sequence[Request], slo: SLO) -> dict:
     """p99 TTFT and TPOT of ``requests`` (unfinished ones count as infinitely late), whether they
     meet ``slo``, and the attainment (share of requests that met it on their own)."""
-    ttft = [r.ttft if r.ttft is not None else math.inf for r in requests]
-    tpot = [r.tpot for r in requests if r.tpot is not None]
-    p99_ttft = float(np.percentile(ttft, 99)) if ttft else math.nan
-    p99_tpot = percentile(tpot, 99) if tpot else 0.0
-    return {"requests": len(requests), "p99_ttft_s": p99_ttft, "p99_tpot_s": p99_tpot,
-            "meets": bool(p99_ttft <= slo.ttft_s and p99_tpot <= slo.tpot_s),
+    return {"requests": len(requests), **slo_percentiles([(r.ttft, r.tpot) for r in requests], slo),
             "attainment": sum(slo.met_by(r) for r in requests) / len(requests)}
 
 
@@ -325,3 +335,20 @@ def simulated_goodput(device: str, model: str, slo: SLO, target_rate: float, *, 
     if keep_records:
         out["records"] = records
     return out
+
+
+def capacity_study(params: dict, seed: int, device: str | None = None,
+                   keep_records: bool = False) -> dict:
+    """:func:`simulated_goodput` with the operations lab's parameters (``dc_device``,
+    ``dc_model``, ``slo_ttft_s``, ``slo_tpot_s``, ``target_rate``, ``trace``, ``trace_scale``,
+    ``dc_max_model_len``, ``capacity_max_num_seqs``, ``capacity_requests``,
+    ``capacity_max_requests``, ``capacity_seconds``, ``rate_low``, ``rate_high``, ``rate_steps``,
+    ``rate_bisections``) for the lab seed ``seed``; ``device`` replaces ``dc_device``."""
+    return simulated_goodput(
+        device or params["dc_device"], params["dc_model"],
+        SLO(params["slo_ttft_s"], params["slo_tpot_s"]), params["target_rate"],
+        seed=seed + 3, trace=params["trace"], trace_scale=params["trace_scale"],
+        max_model_len=params["dc_max_model_len"], max_num_seqs=params["capacity_max_num_seqs"],
+        min_requests=params["capacity_requests"], max_requests=params["capacity_max_requests"],
+        min_seconds=params["capacity_seconds"], low=params["rate_low"], high=params["rate_high"],
+        steps=params["rate_steps"], bisections=params["rate_bisections"], keep_records=keep_records)
