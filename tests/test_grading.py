@@ -199,7 +199,7 @@ def operations_measurement(**changes) -> dict:
     device, target = p["challenge_device"], p["challenge_target_rate"]
     h100 = challenge_capacity(p, 0, "h100-sxm", target)
     other = challenge_capacity(p, 0, device, target)
-    return {"device": device, "target_rate": target,
+    return {"target_rate": target,
             "h100_goodput_rate": h100["goodput_rate"], "device_goodput_rate": other["goodput_rate"],
             "h100_replicas": h100["replicas"], "device_replicas": other["replicas"]} | changes
 
