@@ -2,15 +2,19 @@
 
 1. :func:`fairness_study`: a polite tenant and a flooder sending ``flood_factor`` times its rate,
    in the simulator at datacenter scale (the engine's own scheduler, a datasheet GPU), under the
-   three scheduling policies (``fcfs``; ``priority`` with the polite tenant first; ``vtc``). For
-   each of ``fair_seeds`` workloads: the polite tenant's p99 TTFT against its p99 TTFT alone, and
-   the largest service gap between the two tenants while both were backlogged, against VTC's
-   bound. Deterministic for a seed.
+   three scheduling policies (``fcfs``; ``priority`` with the polite tenant first; ``vtc``) and
+   under FCFS with the flooder limited at the door by a token bucket (429s). For each of
+   ``fair_seeds`` workloads: the polite tenant's p99 TTFT (the verdict: within the SLO's TTFT; the
+   ratio to its p99 alone is reported), and the largest service gap between the two tenants while
+   both were backlogged, against VTC's bound. Deterministic for a seed. The notebook plugs the
+   student's VTC admission rule (``pick_fn``) and token bucket (``bucket_fn``) in here.
 2. :func:`benchmark_study`: chapter 6's load test rerun the honest way: the same arrivals and the
    same mean lengths (the same offered tokens/s) with uniform lengths and with the lengths of a
-   production trace (``loadgen.realistic``); p99 TTFT and TPOT of each, per seed.
-3. :func:`capacity_study`: the highest rate one replica serves within the SLO (p99 TTFT and
-   TPOT), and the replicas a target rate needs.
+   production trace (``loadgen.realistic``); p99 TTFT and TPOT of each, per seed. The verdict is
+   a sign over the seeds (every seed's ratio above 1), not an interval: a handful of seeds gives
+   no honest 95 % interval.
+3. ``capacity_study`` (from ``sim.capacity``): the highest rate one replica serves within the SLO
+   (p99 TTFT and TPOT), and the replicas a target rate needs.
 4. :func:`autoscaling_study`: a compressed day with a burst, replayed on a fleet whose size an
    SLO/queue-driven and a utilisation-driven policy decide: SLO attainment and replica-hours.
 5. :func:`calibration_check`: the simulator calibrated on this machine (chapter 3's method: the
