@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = sorted((ROOT / "book").glob("0[0-9]-*.md"))
+CHAPTERS = sorted((ROOT / "book").glob("[0-9][0-9]-*.md"))
 
 
 def _plan_module():

@@ -54,7 +54,8 @@ def test_fp16_engine_gives_each_request_its_solo_greedy_tokens(half, name):
 # The lab test modules keep each lab's small, fast parameters; reuse them so they stay in sync.
 FAST_FROM = {"kv_cache": "test_lab_kv_cache", "continuous_batching": "test_lab_continuous_batching",
              "paged_attention": "test_lab_paged_attention", "scheduler": "test_lab_scheduler",
-             "observability": "test_lab_observability", "speculative": "test_lab_speculative"}
+             "observability": "test_lab_observability", "speculative": "test_lab_speculative",
+             "operations": "test_lab_operations"}
 
 
 def fast_params(kind: str) -> dict:
@@ -67,7 +68,7 @@ def fast_params(kind: str) -> dict:
 
 
 ENGINE_LABS = ("kv_cache", "continuous_batching", "paged_attention", "scheduler", "observability",
-               "speculative")
+               "speculative", "operations")
 
 
 @pytest.mark.parametrize("kind", ENGINE_LABS)

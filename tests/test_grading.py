@@ -33,7 +33,8 @@ from ai_evolution.model import get_preset, kv_bytes_per_token
 ROOT = Path(__file__).resolve().parents[1]
 KV = ROOT / "labs" / "02-kv-cache"
 KINDS = ["roofline", "kv_cache", "continuous_batching", "paged_attention", "scheduler",
-         "observability", "quantization", "flash_attention", "speculative", "determinism"]
+         "observability", "quantization", "flash_attention", "speculative", "determinism",
+         "operations"]
 
 
 def rows(gradebook: Path) -> dict[str, dict]:
@@ -163,6 +164,8 @@ def good_measurement(kind: str) -> dict:
         return speculative_measurement()
     if kind == "determinism":
         return determinism_measurement()
+    if kind == "operations":
+        return operations_measurement()
     budgets = get_spec(kind).resolve_params("ci", {})["budgets"]
     return {"normal_step_ms": 10.0} | {f"{k}_ms_budget_{b}": 12.0 + b for b in budgets
                                        for k in ("itl_p99", "ttft")}
@@ -207,6 +210,19 @@ def determinism_measurement(**changes) -> dict:
     return {"n": 4096, "seed": 10, "split_sizes": splits, "results": results,
             "distinct_results": len(set(results)), "exact_sum": exact,
             "worst_split": splits[worst], "worst_abs_error": errors[worst]} | changes
+
+
+def operations_measurement(**changes) -> dict:
+    """Lab 12's challenge answered from the simulator: the goodput of one replica on an H100 and
+    on the challenge's GPU (the lab's ci capacity study, seed 0) and the replicas each needs."""
+    from ai_evolution.checks.operations import challenge_capacity
+    p = get_spec("operations").resolve_params("ci", {})
+    device, target = p["challenge_device"], p["challenge_target_rate"]
+    h100 = challenge_capacity(p, 0, "h100-sxm", target)
+    other = challenge_capacity(p, 0, device, target)
+    return {"target_rate": target,
+            "h100_goodput_rate": h100["goodput_rate"], "device_goodput_rate": other["goodput_rate"],
+            "h100_replicas": h100["replicas"], "device_replicas": other["replicas"]} | changes
 
 
 def quantization_measurement(**changes) -> dict:
@@ -777,6 +793,89 @@ def compare_runs(solo_tokens, solo_logits, batch_tokens, batch_logits):
     if len(a) != len(b) and a[:len(b)] == b[:len(a)]:
         out["first_token_step"] = None
     return out
+'''),
+    ],
+    "operations": [
+        ("pick_tenant", "admite al que más servicio ha recibido", '''
+def pick_tenant(counters, backlogged):
+    return max(backlogged, key=lambda t: counters[t])
+'''),
+        ("pick_tenant", "el menor contador entre todos, también sin cola", '''
+def pick_tenant(counters, backlogged):
+    return min(counters, key=lambda t: counters[t])
+'''),
+        ("pick_tenant", "desempata por el nombre, no por la cola", '''
+def pick_tenant(counters, backlogged):
+    return min(backlogged, key=lambda t: (counters[t], str(t)))
+'''),
+        ("bucket_waits", "el cubo empieza vacío", '''
+_ok = bucket_waits
+def bucket_waits(times, costs, rate, capacity):
+    if not times:
+        return []
+    return _ok([times[0]] + list(times), [capacity] + list(costs), rate, capacity)[1:]
+'''),
+        ("bucket_waits", "un rechazo también gasta fichas", '''
+def bucket_waits(times, costs, rate, capacity):
+    level, last, out = float(capacity), times[0] if times else 0.0, []
+    for t, n in zip(times, costs):
+        level = min(capacity, level + (t - last) * rate)
+        last = t
+        if n > capacity:
+            out.append(math.inf)
+            continue
+        out.append(max(0.0, (n - level) / rate))
+        level -= n
+    return out
+'''),
+        ("bucket_waits", "el cubo no tiene tope", '''
+def bucket_waits(times, costs, rate, capacity):
+    level, last, out = float(capacity), times[0] if times else 0.0, []
+    for t, n in zip(times, costs):
+        level += (t - last) * rate
+        last = t
+        if n > capacity:
+            out.append(math.inf)
+        elif n <= level:
+            level -= n
+            out.append(0.0)
+        else:
+            out.append((n - level) / rate)
+    return out
+'''),
+        ("bucket_waits", "Retry-After del coste entero", '''
+_ok = bucket_waits
+def bucket_waits(times, costs, rate, capacity):
+    return [w if w in (0.0, math.inf) else n / rate
+            for w, n in zip(_ok(times, costs, rate, capacity), costs)]
+'''),
+        ("goodput_rate", "la media en lugar del p99", '''
+def goodput_rate(probes, slo_ttft_s, slo_tpot_s):
+    best = None
+    for rate in sorted(probes):
+        ttft = [t for t, _ in probes[rate] if t is not None]
+        tpot = [p for _, p in probes[rate] if p is not None]
+        if np.mean(ttft) > slo_ttft_s or (tpot and np.mean(tpot) > slo_tpot_s):
+            break
+        best = rate
+    return best
+'''),
+        ("goodput_rate", "cuenta sondas por encima de una que falla", '''
+_ok = goodput_rate
+def goodput_rate(probes, slo_ttft_s, slo_tpot_s):
+    ok = [r for r in probes if _ok({r: probes[r]}, slo_ttft_s, slo_tpot_s) is not None]
+    return max(ok) if ok else None
+'''),
+        ("goodput_rate", "descarta las peticiones sin terminar", '''
+_ok = goodput_rate
+def goodput_rate(probes, slo_ttft_s, slo_tpot_s):
+    return _ok({r: [x for x in v if x[0] is not None] for r, v in probes.items()},
+               slo_ttft_s, slo_tpot_s)
+'''),
+        ("goodput_rate", "solo mira el TTFT", '''
+_ok = goodput_rate
+def goodput_rate(probes, slo_ttft_s, slo_tpot_s):
+    return _ok(probes, slo_ttft_s, math.inf)
 '''),
     ],
 }

@@ -29,6 +29,7 @@ from .kv_cache import ContiguousKVManager, KVCacheManager, KVManager
 from .llm_engine import Executor, LLMEngine
 from .runner import ModelRunner
 from .scheduler import POLICIES, Policy, Scheduler, check_positive_int, check_token_budget
+from .scheduling_policy import SchedulingPolicy, check_scheduling_policy
 
 KV_LAYOUTS = ("contiguous", "paged")
 DECODE_GRAPHS = ("auto", *GRAPH_BACKENDS, None)
@@ -137,6 +138,9 @@ class EngineConfig:
     ``batch_invariant=True``: kernels whose result for one request does not depend on the batch
     around it (chapter 10, ``engine/batch_invariant.py``; vLLM's ``VLLM_BATCH_INVARIANT=1``):
     the same logits, bit for bit, whatever the batch, at a cost in speed; every step eager.
+    ``scheduling_policy``: who is admitted first and who is preempted (chapter 12): ``"fcfs"``,
+    ``"priority"`` (vLLM's), ``"vtc"`` (fair share between tenants) or a class that makes a
+    ``SchedulingPolicy``.
     """
 
     max_num_seqs: int = 8
@@ -152,6 +156,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     decode_graphs: str | None = "auto"
     batch_invariant: bool = False
+    scheduling_policy: "str | type[SchedulingPolicy]" = "fcfs"
 
     # Older keyword names, still accepted by ``build_engine`` and ``LLM``.
     ALIASES = {"kv_dtype": "kv_cache_dtype"}
@@ -181,6 +186,7 @@ class EngineConfig:
                              "batch_invariant=True (el modo ejecuta cada paso sin grafos); use "
                              "decode_graphs='auto' o None")
         object.__setattr__(self, "speculative_config", SpeculativeConfig.of(self.speculative_config))
+        check_scheduling_policy(self.scheduling_policy)
 
     @classmethod
     def of(cls, config: "EngineConfig | None" = None, **options) -> "EngineConfig":
@@ -265,7 +271,8 @@ def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None =
     scheduler = Scheduler(config.max_num_seqs, config.max_model_len, config.policy, kv=kv,
                           max_num_batched_tokens=config.max_num_batched_tokens,
                           enable_chunked_prefill=config.enable_chunked_prefill,
-                          token_fn=token_fn, victim_fn=victim_fn)
+                          token_fn=token_fn, victim_fn=victim_fn,
+                          scheduling_policy=config.scheduling_policy)
     spec = config.speculative_config
     drafter = None if spec is None else spec.proposer(model, config.max_model_len)
     if executor is None:

@@ -58,17 +58,26 @@ class LLM:
             return self.tokenizer.encode(prompt, add_bos=True)
         return prompt
 
-    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
-                 ) -> list[RequestOutput]:
+    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; one ``RequestOutput`` per prompt, in order.
 
+        ``priority``: one integer per prompt (lower first), as vLLM's; it orders admission and
+        preemption with ``scheduling_policy="priority"`` (chapter 12) and never changes a token.
         A prompt or parameter set that is invalid gets an output with ``error`` set and
         ``finish_reason == "rejected"``; the others are served normally.
         """
+        prompts, params_list = _prompts_and_params(prompts, sampling_params)
+        if priority is None:
+            priority = [0] * len(prompts)
+        elif isinstance(priority, (str, bytes)) or not hasattr(priority, "__len__") or \
+                len(priority) != len(prompts):
+            raise ValueError(f"priority debe ser una lista con un entero por prompt ({len(prompts)}); "
+                             f"se recibió {str(priority)[:40]}")
         entries: list[Request | RequestOutput] = []
-        for prompt, params in zip(*_prompts_and_params(prompts, sampling_params)):
+        for prompt, params, prio in zip(prompts, params_list, priority):
             try:
-                entries.append(self.engine.add_request(self._encode(prompt), params))
+                entries.append(self.engine.add_request(self._encode(prompt), params, priority=prio))
             except RequestRejected as e:
                 entries.append(RequestOutput(f"rejected-{len(entries)}", _echo(prompt), [], True,
                                              FinishReason.REJECTED, error=str(e)))

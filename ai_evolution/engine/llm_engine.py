@@ -23,6 +23,7 @@ from typing import Callable, NamedTuple, Protocol, Sequence
 from .drafter import DraftProposer, NgramProposer
 from .request import Request, RequestOutput, RequestRejected, SamplingParams, validate_prompt
 from .scheduler import PolicyError, Scheduler
+from .scheduling_policy import check_tags
 from .step import SchedulerOutput, StepResult
 
 
@@ -136,11 +137,15 @@ class LLMEngine:
         return self.scheduler.num_waiting
 
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> Request:
-        """Queue a request (it may arrive while others run). Invalid input raises
-        ``RequestRejected`` and leaves the engine exactly as it was."""
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    priority: int = 0, tenant: str | None = None) -> Request:
+        """Queue a request (it may arrive while others run), with its scheduling tags:
+        ``priority`` (an integer, lower first, as vLLM's) and ``tenant`` (who sent it; see
+        ``scheduling_policy``). Invalid input raises ``RequestRejected`` and leaves the engine
+        exactly as it was."""
         params = SamplingParams() if params is None else params
         prompt = self._validate(prompt_token_ids, params)
+        check_tags(priority, tenant)
         if request_id is None:
             request_id = str(next(self._ids))
             while request_id in self.requests:
@@ -155,7 +160,7 @@ class LLMEngine:
                       arrival_time=self.now() if arrival_time is None else arrival_time,
                       eos_token_id=self.eos_token_id)
         self.requests[req.request_id] = req
-        self.scheduler.add_request(req)
+        self.scheduler.add_request(req, priority, tenant)
         return req
 
     def _validate(self, prompt_token_ids, params) -> list[int]:
@@ -258,27 +263,33 @@ class LLMEngine:
             result = result.merged(alone)
         return result
 
-    def run(self, arrivals: Sequence[tuple[float, Sequence[int], SamplingParams]] = ()) -> list[Request]:
+    def run(self, arrivals: Sequence[tuple] = ()) -> list[Request]:
         """Serve ``(arrival_time, prompt, params)`` online: each request is added when the clock
         reaches its arrival time (relative to now), and the loop runs until all have finished.
+        An item may carry a fourth element, its scheduling tags ``{"priority": p, "tenant":
+        name}`` (either key may be left out; a ``loadgen.workload.WorkItem`` has them).
         Returns the requests in the order given. Every item is checked before anything runs: an
         invalid one raises ``RequestRejected`` naming its index, and nothing is added."""
-        for i, (t, p, sp) in enumerate(arrivals):
+        items = []
+        for i, item in enumerate(arrivals):
             try:
+                t, p, sp, tags = _arrival(item)
                 self._validate(p, sp)
+                check_tags(**tags)
                 if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
                     raise RequestRejected(f"el instante de llegada debe ser >= 0; se recibió {t!r}")
             except RequestRejected as err:
                 raise RequestRejected(f"llegada {i}: {err}") from None
+            items.append((t, p, sp, tags))
         t0 = self.now()
-        pending = sorted(((t0 + t, i, p, sp) for i, (t, p, sp) in enumerate(arrivals)),
+        pending = sorted(((t0 + t, i, p, sp, tags) for i, (t, p, sp, tags) in enumerate(items)),
                          key=lambda a: (a[0], a[1]))
         added: dict[int, Request] = {}
         k = 0
         while k < len(pending) or self.has_unfinished_requests():
             while k < len(pending) and pending[k][0] <= self.now():
-                t, i, p, sp = pending[k]
-                added[i] = self.add_request(p, sp, arrival_time=t)
+                t, i, p, sp, tags = pending[k]
+                added[i] = self.add_request(p, sp, arrival_time=t, **tags)
                 k += 1
             if self.has_unfinished_requests():
                 self.step()
@@ -293,6 +304,23 @@ class LLMEngine:
         return [r.request_id for r in self.scheduler.retire_finished()]
 
 
+
+
+def _arrival(item) -> tuple:
+    """``(t, prompt, params, tags)`` from an arrival of 3 or 4 elements (``RequestRejected``
+    naming the accepted shapes otherwise)."""
+    n = len(item) if isinstance(item, (tuple, list)) else -1
+    if n not in (3, 4) or (n == 4 and item[3] is not None and not isinstance(item[3], dict)):
+        raise RequestRejected("cada llegada debe ser (instante, prompt, params) o (instante, "
+                              "prompt, params, {'priority': p, 'tenant': nombre}); se recibió "
+                              f"{type(item).__name__} de {n} elementos")
+    tags = dict(item[3] or {}) if n == 4 else {}
+    unknown = sorted(set(tags) - {"priority", "tenant"})
+    if unknown:
+        raise RequestRejected(f"etiquetas de planificación desconocidas: {unknown}; aceptadas: "
+                              "priority, tenant")
+    return item[0], item[1], item[2], {"priority": tags.get("priority", 0),
+                                       "tenant": tags.get("tenant")}
 
 
 __all__ = ["Executor", "LLMEngine", "StepEntry", "StepRecord"]

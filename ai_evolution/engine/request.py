@@ -291,7 +291,9 @@ def validate_prompt(prompt_token_ids: Sequence[int], vocab_size: int, max_model_
                               ) from None
     if not ids:
         raise RequestRejected("el prompt está vacío: hace falta al menos un token")
-    for j, t in enumerate(ids):
+    bounds = _plain_bounds(ids)  # C-level passes: a long prompt of plain ints costs little
+    ids_ok = bounds is not None and bounds[0] >= 0 and bounds[1] < vocab_size
+    for j, t in enumerate(() if ids_ok else ids):
         if not _is_int(t) or not 0 <= t < vocab_size:
             raise RequestRejected(f"el token {j} del prompt ({_short(t)}) no está en el vocabulario "
                                   f"(enteros 0..{vocab_size - 1})")
@@ -299,4 +301,4 @@ def validate_prompt(prompt_token_ids: Sequence[int], vocab_size: int, max_model_
         raise RequestRejected(f"el prompt tiene {len(ids)} tokens y max_model_len es "
                               f"{max_model_len}: no queda sitio para generar ni uno (máximo "
                               f"{max_model_len - 1} tokens de prompt)")
-    return [int(t) for t in ids]
+    return list(ids) if ids_ok else [int(t) for t in ids]

@@ -30,8 +30,12 @@ for static batching is only when its whole batch has finished. ``retire_finished
 of the work: every finished request leaves, whatever the policy (the engine calls it when nothing
 is left to run).
 
+Scheduling policy (chapter 12, ``scheduling_policy.py``): the queue is handed to the batching
+policy in the order a scheduling policy gives (``"fcfs"``: arrival; ``"priority"``; ``"vtc"``
+fair share between tenants), which also names the preemption victim.
+
 Memory: the plan's admissions are applied in order while the KV cache can hold them (the rest
-keep waiting, first come first served). With paged KV a running request may find no block for
+keep waiting behind the first that does not fit). With paged KV a running request may find no block for
 its next token; then the newest running request is **preempted by recompute**: its blocks are
 freed, its computed tokens forgotten, and it goes back to the head of the queue (whatever of its
 prefix is still cached is reused when it returns; vLLM's reason to take the newest is
@@ -50,6 +54,7 @@ import torch
 from ..speculative import greedy_accept, rejection_sample
 from .kv_cache import ContiguousKVManager, KVManager
 from .request import FinishReason, Request, RequestStatus
+from .scheduling_policy import SchedulingPolicy, make_scheduling_policy, newest_unfinished
 from .step import ScheduledRequest, SchedulerOutput, StepResult
 
 
@@ -140,20 +145,14 @@ def tokens_for(want: int, budget: float, chunked: bool) -> int:
     return int(budget) if chunked and budget >= 1 else 0
 
 
-def newest_unfinished(running: Sequence[Request]) -> Request:
-    """The preemption victim, as vLLM chooses it: the most recently admitted request that has
-    not finished (first come, first served: the last to arrive yields first; it is not always
-    the one that loses least work, since a long prompt admitted last loses most)."""
-    return next(r for r in reversed(running) if not r.is_finished)
-
-
 class Scheduler:
     """FCFS queue + running batch + KV placement, driven by a batching policy."""
 
     def __init__(self, max_num_seqs: int, max_model_len: int, policy: str | Policy = "continuous",
                  kv: KVManager | None = None,
                  max_num_batched_tokens: int | None = None,
-                 enable_chunked_prefill: bool = False, token_fn=None, victim_fn=None) -> None:
+                 enable_chunked_prefill: bool = False, token_fn=None, victim_fn=None,
+                 scheduling_policy: "str | SchedulingPolicy | None" = None) -> None:
         check_positive_int("max_num_seqs", max_num_seqs)
         check_token_budget(max_num_batched_tokens, max_model_len, enable_chunked_prefill)
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -161,7 +160,11 @@ class Scheduler:
         # Plug-ins for the chapter 5 exercises: token_fn(want, budget, chunked) -> tokens, and
         # victim_fn(running) -> the request to preempt.
         self.token_fn = token_fn or tokens_for
-        self.victim_fn = victim_fn or newest_unfinished
+        # The scheduling policy (chapter 12) orders the queue and names the preemption victim
+        # (a victim_fn given here wins over it).
+        self.scheduling = (scheduling_policy if isinstance(scheduling_policy, SchedulingPolicy)
+                           else make_scheduling_policy(scheduling_policy))
+        self.victim_fn = victim_fn or self.scheduling.victim
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.policy_name, self.policy = resolve_policy(policy)
@@ -175,7 +178,10 @@ class Scheduler:
         self._generators: dict[str, torch.Generator] = {}  # speculative sampling, per request
 
     # --- queue ---------------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request, priority: int = 0, tenant: str | None = None) -> None:
+        """Queue ``request`` with its scheduling tags (see ``scheduling_policy``): ``priority``
+        (an integer, lower first) and ``tenant`` (a name, or None)."""
+        self.scheduling.on_arrival(request, priority, tenant)
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
@@ -183,8 +189,7 @@ class Scheduler:
         for r in list(self.waiting) + self.running:
             if r.request_id == request_id and not r.is_finished:
                 if r in self.waiting:
-                    self.waiting.remove(r)
-                    self.kv.free(r)
+                    self._leave_queue(r)
                 self._finish(r, FinishReason.ABORT, now)
                 return r
         return None
@@ -195,10 +200,14 @@ class Scheduler:
         if request.is_finished:
             return
         if request in self.waiting:
-            self.waiting.remove(request)
-            self.kv.free(request)
+            self._leave_queue(request)
         request.error = message
         self._finish(request, FinishReason.ERROR, now)
+
+    def _leave_queue(self, request: Request) -> None:
+        self.waiting.remove(request)
+        self.kv.free(request)
+        self.scheduling.on_left_queue(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting) or any(not r.is_finished for r in self.running)
@@ -261,7 +270,7 @@ class Scheduler:
         """Apply the policy's plan, find KV for every running request's new tokens (preempting
         the newest running requests if memory is short), admit what fits, and take a snapshot
         of the work."""
-        running, waiting = list(self.running), list(self.waiting)
+        running, waiting = list(self.running), list(self.scheduling.order(self.waiting))
         plan = self.policy(tuple(running), tuple(waiting), self.max_num_seqs)
         self._check_plan(plan, running, waiting)
         for r in plan.retire:
@@ -342,6 +351,7 @@ class Scheduler:
             self.waiting.remove(r)
             self.running.append(r)
             r.status = RequestStatus.RUNNING
+            self.scheduling.on_admitted(r)
             admitted.append(r)
             work[r.request_id] = (n, [])
             budget -= n
@@ -373,6 +383,7 @@ class Scheduler:
         r.draft_token_ids, r.draft_probs = [], None
         r.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(r)
+        self.scheduling.on_requeued(r)
 
     def update_from_output(self, output: SchedulerOutput, result: StepResult, start: float,
                            now: float) -> list[Request]:
@@ -455,6 +466,7 @@ class Scheduler:
     def _append(self, r: Request, token: int, now: float) -> None:
         r.output_token_ids.append(token)
         r.token_times.append(now)
+        self.scheduling.on_output_tokens(r, 1)
         if r.first_token_time is None:
             r.first_token_time = now
         if token in r.stop_token_set:
@@ -468,6 +480,7 @@ class Scheduler:
         r.finish_time = now
         self._finished_ids.add(r.request_id)
         self._generators.pop(r.request_id, None)
+        self.scheduling.on_finished(r)
 
     def _check_plan(self, plan, running: list[Request], waiting: list[Request]) -> None:
         """Refuse a plan that would lose a request, duplicate one or overfill the batch."""

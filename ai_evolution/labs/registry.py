@@ -28,6 +28,7 @@ _LABS: dict[str, str] = {
     "flash_attention": "ai_evolution.labs.flash_attention",
     "kv_cache": "ai_evolution.labs.kv_cache",
     "observability": "ai_evolution.labs.observability",
+    "operations": "ai_evolution.labs.operations",
     "paged_attention": "ai_evolution.labs.paged_attention",
     "quantization": "ai_evolution.labs.quantization",
     "roofline": "ai_evolution.labs.roofline",

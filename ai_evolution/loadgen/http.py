@@ -77,8 +77,8 @@ def completions_url(base_url: str) -> str:
 
 def request_body(item, model: str, extra_body: dict | None = None) -> dict:
     """The JSON body for one ``WorkItem``: token-id prompt, its sampling parameters, streaming
-    with usage."""
-    _, prompt, params = item
+    with usage; its tenant as OpenAI's ``user`` and its priority as vLLM's ``priority``."""
+    prompt, params = item[1], item[2]
     if not isinstance(params, SamplingParams):
         raise TypeError(f"cada elemento de la carga necesita un SamplingParams; se recibió "
                         f"{type(params).__name__}")
@@ -95,6 +95,11 @@ def request_body(item, model: str, extra_body: dict | None = None) -> dict:
         body["ignore_eos"] = True
     if params.stop_token_ids:
         body["stop_token_ids"] = list(params.stop_token_ids)
+    tags = (item[3] if len(item) > 3 else None) or {}
+    if tags.get("tenant") is not None:  # the OpenAI field that names the end user
+        body["user"] = tags["tenant"]
+    if tags.get("priority", 0) != 0:  # vLLM's extra field
+        body["priority"] = tags["priority"]
     body.update(extra_body or {})
     return body
 
@@ -178,8 +183,9 @@ def _check(workload, concurrency, timeout_s) -> list:
     if not items:
         raise ValueError("la carga está vacía: hace falta al menos una petición")
     for i, item in enumerate(items):
-        if len(item) != 3:
-            raise ValueError(f"elemento {i}: se esperaba (arrival_time, prompt_token_ids, params)")
+        if len(item) not in (3, 4) or (len(item) == 4 and not isinstance(item[3], (dict, type(None)))):
+            raise ValueError(f"elemento {i}: se esperaba (arrival_time, prompt_token_ids, params) "
+                             "o un WorkItem con sus etiquetas {'priority': p, 'tenant': nombre}")
         t = item[0]
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0 \
                 or not math.isfinite(t):

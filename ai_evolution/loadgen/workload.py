@@ -16,11 +16,13 @@ from ..engine.request import SamplingParams
 
 
 class WorkItem(NamedTuple):
-    """One request of a workload: when it arrives (s, relative), its prompt and parameters."""
+    """One request of a workload: when it arrives (s, relative), its prompt and parameters, and
+    its scheduling tags (``{"priority": p, "tenant": name}``, or None: priority 0, no tenant)."""
 
     arrival_time: float
     prompt_token_ids: list[int]
     params: SamplingParams
+    tags: dict | None = None
 
 
 def capped_exponential_lengths(n: int, mean: float, cap: int, seed: int) -> list[int]:

@@ -17,10 +17,12 @@ import torch
 import uvicorn
 
 from ..engine.config import KV_LAYOUTS, EngineConfig, SpeculativeConfig
+from ..engine.scheduling_policy import SCHEDULING_POLICIES
 from ..engine.llm import LLM
 from ..model.hub import looks_like_hub_id
 from ..model.tokenizer import shipped_names
 from .app import create_app
+from .tenants import TenantLimits, Tenants
 
 
 def parser() -> argparse.ArgumentParser:
@@ -54,6 +56,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-chunked-prefill", action="store_true", help="prefill troceado")
     p.add_argument("--max-waiting", type=int, default=256,
                    help="peticiones en cola como máximo; más allá se responde 503 (por defecto 256)")
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+                   help="quién entra antes en el lote: fcfs (por llegada), priority (campo "
+                        "'priority', menor antes) o vtc (reparto justo entre tenants); por "
+                        "defecto fcfs")
+    p.add_argument("--api-key", action="append", default=[], metavar="CLAVE=TENANT",
+                   help="una clave de API y el tenant al que pertenece (repetible); con alguna, "
+                        "las peticiones sin clave válida reciben 401")
+    p.add_argument("--tenant-requests-per-s", type=float, default=None,
+                   help="límite de peticiones por segundo de cada tenant (por defecto, sin límite)")
+    p.add_argument("--tenant-tokens-per-s", type=float, default=None,
+                   help="límite de tokens (prompt + max_tokens) por segundo de cada tenant")
+    p.add_argument("--tenant-max-concurrent", type=int, default=None,
+                   help="peticiones en curso a la vez de cada tenant como máximo")
     p.add_argument("--device", default=None, help="cpu o cuda (por defecto cpu)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="sin grafos CUDA en los pasos de decodificación (en GPU van con ellos)")
@@ -115,7 +130,24 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         max_num_batched_tokens=args.max_num_batched_tokens,
                         enable_chunked_prefill=args.enable_chunked_prefill, speculative_config=spec,
                         decode_graphs=None if args.enforce_eager else "auto",
-                        batch_invariant=args.batch_invariant)
+                        batch_invariant=args.batch_invariant,
+                        scheduling_policy=args.scheduling_policy)
+
+
+def tenants_config(args: argparse.Namespace) -> Tenants:
+    """The tenants the flags describe (``--api-key CLAVE=TENANT``, per-tenant limits)."""
+    keys = {}
+    for item in args.api_key:
+        key, sep, tenant = item.partition("=")
+        if not sep or not key or not tenant:
+            raise SystemExit(f"--api-key debe tener la forma CLAVE=TENANT; se recibió {item!r}")
+        keys[key] = tenant
+    try:
+        limits = TenantLimits(args.tenant_requests_per_s, args.tenant_tokens_per_s,
+                              args.tenant_max_concurrent)
+    except ValueError as err:
+        raise SystemExit(f"límites de tenant no válidos: {err}") from None
+    return Tenants(api_keys=keys, default_limits=limits)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer = folder if (folder / "tokenizer.json").is_file() else None
     llm = LLM(args.model, tokenizer=tokenizer, device=args.device, config=engine_config(args))
     name = served_name(args.model, args.served_model_name)
-    app = create_app(llm.engine, llm.tokenizer, model_name=name, max_waiting=args.max_waiting)
+    app = create_app(llm.engine, llm.tokenizer, model_name=name, max_waiting=args.max_waiting,
+                     tenants=tenants_config(args))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=5)
 

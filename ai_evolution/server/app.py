@@ -4,7 +4,8 @@ without streaming), ``/v1/models``, ``/health`` and ``/metrics``, around one ``E
 A request goes through three gates before it costs the engine anything: the JSON types
 (pydantic, answered by ``protocol.validation_error``), the model name (404), and the prompt and
 sampling parameters against the engine's limits (400). It then joins the engine's inbox, unless
-the waiting queue is full (503 with ``Retry-After``). With ``stream: true`` the answer is a
+the waiting queue is full (503 with ``Retry-After``) or its tenant is over a limit (429 with
+``Retry-After``; see ``tenants``). With ``stream: true`` the answer is a
 server-sent event per generated token (``data: {json}\\n\\n``; the last token's event carries the
 ``finish_reason``), an optional usage event, and ``data: [DONE]``. A client that disconnects has
 its request aborted in the engine, which frees its KV blocks at the next step.
@@ -31,6 +32,7 @@ from .chat_template import ChatTemplateError, apply_chat_template
 from .detokenize import IncrementalDetokenizer
 from .engine_loop import EngineLoop, EngineStopped, Event, QueueFull, RequestHandle
 from .metrics import ServerMetrics
+from .tenants import Refused, Tenants
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,10 @@ class ServerState:
     """What the handlers share: the engine loop, the tokenizer and the served model's name."""
 
     def __init__(self, engine, tokenizer, model_name: str, max_waiting: int | None,
-                 metrics: ServerMetrics) -> None:
+                 metrics: ServerMetrics, tenants: Tenants | None = None) -> None:
         self.loop = EngineLoop(engine, metrics, max_waiting=max_waiting)
+        self.tenants = tenants if tenants is not None else Tenants()
+        self.scheduling_policy = engine.scheduler.scheduling.name  # fixed at construction
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.metrics = metrics
@@ -60,13 +64,15 @@ MAX_REQUEST_BYTES = 4 * 2**20
 
 
 def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
-               max_waiting: int | None = 256, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
+               max_waiting: int | None = 256, max_request_bytes: int = MAX_REQUEST_BYTES,
+               tenants: Tenants | None = None) -> FastAPI:
     """An app serving ``engine`` (an ``LLMEngine``) under ``model_name``. ``tokenizer`` turns
     text prompts into ids (without it only token-id prompts work, and responses carry no text).
     The engine thread starts and stops with the app (its lifespan). A body over
     ``max_request_bytes`` is refused (413): at once when its ``Content-Length`` says so, else as
-    soon as that many bytes have arrived (``body_limit.BodyLimit``)."""
-    state = ServerState(engine, tokenizer, model_name, max_waiting, ServerMetrics())
+    soon as that many bytes have arrived (``body_limit.BodyLimit``). ``tenants``: who sends
+    each request and their limits (default: tenants named by ``user``, no limits)."""
+    state = ServerState(engine, tokenizer, model_name, max_waiting, ServerMetrics(), tenants)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -107,6 +113,7 @@ def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
     async def completions(body: P.CompletionRequest, request: Request):
         received = time.perf_counter()
         _check_model(state, body.model)
+        tenant = _tenant(state, request, body)
         prompt = P.completion_prompt(body.prompt, state.tokenizer)
         if isinstance(prompt, str):  # checked first; tokenised off the event loop
             P.check_text(prompt, "prompt", state.max_prompt_chars)
@@ -116,12 +123,13 @@ def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
         ids = _checked_prompt(state, ids, "prompt")
         params = P.to_sampling_params(body, len(ids), state.max_model_len, state.vocab_size,
                                       default_max_tokens=16)
-        return await _generate(state, request, "completion", body, ids, params, received)
+        return await _generate(state, request, "completion", body, ids, params, received, tenant)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: P.ChatCompletionRequest, request: Request):
         received = time.perf_counter()
         _check_model(state, body.model)
+        tenant = _tenant(state, request, body)
         messages = P.chat_messages(body.messages)
         if state.tokenizer is None:
             raise P.APIError(400, "este servidor no tiene tokenizador: el chat necesita uno; usa "
@@ -137,7 +145,7 @@ def create_app(engine, tokenizer=None, *, model_name: str = "tiny-es",
         ids = _checked_prompt(state, ids, "messages")
         params = P.to_sampling_params(body, len(ids), state.max_model_len, state.vocab_size,
                                       default_max_tokens=None)
-        return await _generate(state, request, "chat", body, ids, params, received)
+        return await _generate(state, request, "chat", body, ids, params, received, tenant)
 
     return app
 
@@ -157,34 +165,73 @@ def _checked_prompt(state: ServerState, ids: list[int], param: str) -> list[int]
         raise P.APIError(400, str(err), param=param) from None
 
 
-async def _generate(state: ServerState, request: Request, kind: str, body, ids: list[int],
-                    params, received: float):
+def _tenant(state: ServerState, request: Request, body) -> str:
+    """The request's tenant (API key or ``user``), or a 401/400 ``APIError``; a ``priority``
+    other than 0 needs the ``priority`` scheduling policy (400 otherwise, as vLLM)."""
     try:
-        handle = state.loop.submit(ids, params, received)
+        tenant = state.tenants.identify(request.headers.get("authorization"), body.user)
+    except Refused as err:
+        raise P.APIError(err.status, err.message, param="user" if err.status == 400 else None,
+                         code="invalid_api_key" if err.status == 401 else None) from None
+    if body.priority != 0 and state.scheduling_policy != "priority":
+        raise P.APIError(400, f"se recibió priority={body.priority}, pero este servidor planifica "
+                              f"con la política '{state.scheduling_policy}': priority solo se "
+                              "acepta con --scheduling-policy priority (o déjalo en 0)",
+                         param="priority")
+    return tenant
+
+
+def _admit(state: ServerState, tenant: str, cost_tokens: int):
+    """The tenant's lease for one request of ``cost_tokens`` tokens, or a 429/400 ``APIError``."""
+    try:
+        return state.tenants.admit(tenant, cost_tokens)
+    except Refused as err:
+        state.metrics.refusal("rate_limited" if err.status == 429 else "rejected", tenant, err.reason)
+        headers = None if err.retry_after_s is None else {"Retry-After": str(err.retry_after_s)}
+        raise P.APIError(err.status, err.message,
+                         type="rate_limit_error" if err.status == 429 else "invalid_request_error",
+                         code=err.reason, headers=headers, counted=True) from None
+
+
+async def _generate(state: ServerState, request: Request, kind: str, body, ids: list[int],
+                    params, received: float, tenant: str):
+    lease = _admit(state, tenant, len(ids) + params.max_tokens)
+    try:
+        handle = state.loop.submit(ids, params, received, body.priority, tenant)
     except QueueFull as err:
-        state.metrics.outcome("overloaded")
+        lease.release()
+        state.metrics.outcome("overloaded", tenant)
         raise P.APIError(503, str(err), type="server_error", code="server_overloaded",
                          headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     except EngineStopped as err:
+        lease.release()
         raise P.APIError(503, str(err), type="server_error", code="engine_not_running") from None
     try:
         first = await handle.queue.get()
+        if first.kind == "error":
+            _raise_event_error(first, "prompt" if kind == "completion" else "messages")
     except BaseException:
+        lease.release()
         state.loop.abort(handle)
         raise
-    if first.kind == "error":
-        _raise_event_error(first, "prompt" if kind == "completion" else "messages")
     rid = P.new_id("cmpl" if kind == "completion" else "chatcmpl")
     created = P.now_s()
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         progress = {"finished": False}
+
+        def on_close() -> None:
+            lease.release()
+            progress["finished"] or state.loop.abort(handle)
+
         return _EngineStream(
             _stream(state, handle, kind, rid, created, body.model, include_usage, progress),
-            on_close=lambda: progress["finished"] or state.loop.abort(handle),
-            media_type="text/event-stream",
+            on_close=on_close, media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return await _complete(state, request, handle, kind, rid, created, body.model)
+    try:
+        return await _complete(state, request, handle, kind, rid, created, body.model)
+    finally:
+        lease.release()
 
 
 def _raise_event_error(event: Event, param: str | None) -> None:
@@ -292,7 +339,7 @@ async def _stream(state: ServerState, handle: RequestHandle, kind: str, rid: str
 
 def _install_error_handlers(app: FastAPI, state: ServerState) -> None:
     def reply(request: Request, err: P.APIError) -> JSONResponse:
-        if request.url.path in GENERATION_PATHS and 400 <= err.status < 500:
+        if request.url.path in GENERATION_PATHS and 400 <= err.status < 500 and not err.counted:
             state.metrics.outcome("rejected")
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 

@@ -69,9 +69,11 @@ class RequestHandle:
     ``asyncio.Queue`` of the event loop that submitted it)."""
 
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams,
-                 loop: asyncio.AbstractEventLoop, received: float) -> None:
+                 loop: asyncio.AbstractEventLoop, received: float, priority: int = 0,
+                 tenant: str | None = None) -> None:
         self.prompt_token_ids = prompt_token_ids
         self.params = params
+        self.priority, self.tenant = priority, tenant  # scheduling tags (chapter 12)
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.received = received          # time.perf_counter() when the HTTP request came in
         self.request_id: str | None = None  # the engine's id, set by the engine thread
@@ -138,9 +140,11 @@ class EngineLoop:
 
     # --- called from the HTTP side ---------------------------------------------------------------
     def submit(self, prompt_token_ids: Sequence[int], params: SamplingParams,
-               received: float | None = None) -> RequestHandle:
+               received: float | None = None, priority: int = 0,
+               tenant: str | None = None) -> RequestHandle:
         """Queue a request for the engine (call it inside the event loop that will read the
-        handle's queue). Raises ``QueueFull`` or ``EngineStopped`` without queuing anything."""
+        handle's queue), with its scheduling tags. Raises ``QueueFull`` or ``EngineStopped``
+        without queuing anything."""
         if not self.alive:
             raise EngineStopped("el motor no está en marcha")
         loop = asyncio.get_running_loop()
@@ -151,7 +155,8 @@ class EngineLoop:
                                 "segundos")
             self._inbox_adds += 1
         handle = RequestHandle(list(prompt_token_ids), params, loop,
-                               time.perf_counter() if received is None else received)
+                               time.perf_counter() if received is None else received,
+                               priority, tenant)
         self._inbox.put(("add", handle))
         return handle
 
@@ -235,7 +240,8 @@ class EngineLoop:
         engine = self.engine
         arrival = min(engine.now(), handle.received - self._clock_offset)
         try:
-            req = engine.add_request(handle.prompt_token_ids, handle.params, arrival_time=arrival)
+            req = engine.add_request(handle.prompt_token_ids, handle.params, arrival_time=arrival,
+                                     priority=handle.priority, tenant=handle.tenant)
         except RequestRejected as err:  # (the HTTP layer counts it, with its other 4xx)
             handle._done = True
             handle._deliver(Event("error", status=400, message=str(err)))
@@ -245,6 +251,7 @@ class EngineLoop:
         handle.request_id, handle.request = req.request_id, req
         self._active[req.request_id] = handle
         self.metrics.prompt_tokens.inc(req.num_prompt_tokens)
+        self.metrics.tenant_prompt(handle.tenant, req.num_prompt_tokens)
         handle._deliver(Event("accepted"))
 
     def _deliver(self, outputs) -> None:
@@ -259,13 +266,16 @@ class EngineLoop:
             new = req.output_token_ids[handle._num_sent:]
             if handle._num_sent == 0 and new and req.ttft is not None:
                 self.metrics.ttft.observe(max(0.0, req.ttft))
+                self.metrics.tenant_ttft(handle.tenant, max(0.0, req.ttft))
             handle._num_sent += len(new)
             self.metrics.generation_tokens.inc(len(new))
+            self.metrics.tenant_generated(handle.tenant, len(new))
             reason = req.finish_reason.value if req.is_finished else None
             handle._deliver(Event("tokens", tuple(new), reason))
             if req.is_finished:
                 if req.tpot is not None:
                     self.metrics.tpot.observe(req.tpot)
+                    self.metrics.tenant_tpot(handle.tenant, req.tpot)
                 if req.e2e_latency is not None:
                     self.metrics.e2e.observe(max(0.0, req.e2e_latency))
                 self._finish(handle, reason, notify=False)
@@ -279,7 +289,7 @@ class EngineLoop:
             self.engine.release(handle.request_id)
         except (KeyError, ValueError):
             pass
-        self.metrics.outcome(outcome)
+        self.metrics.outcome(outcome, handle.tenant)
         if notify:
             if message is None:
                 handle._deliver(Event("tokens", (), outcome))

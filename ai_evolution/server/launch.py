@@ -72,16 +72,17 @@ class ServerHandle:
 
 def serve_in_thread(llm_or_engine, *, tokenizer=None, model_name: str | None = None,
                     host: str = "127.0.0.1", port: int = 0, max_waiting: int | None = 256,
-                    log_level: str = "warning", startup_timeout_s: float = 60.0) -> ServerHandle:
+                    log_level: str = "warning", startup_timeout_s: float = 60.0,
+                    tenants=None) -> ServerHandle:
     """Serve an ``LLM`` (or an ``LLMEngine`` plus ``tokenizer``) from a background thread.
 
     ``port=0`` lets the OS pick a free port; ``base_url`` says which. The engine must not be
     used by anyone else while the server runs (the server's engine thread owns it); inspect it
-    through ``handle.engine_loop.call(fn)``.
+    through ``handle.engine_loop.call(fn)``. ``tenants``: a ``tenants.Tenants`` (keys, limits).
     """
     engine, tokenizer = _engine_and_tokenizer(llm_or_engine, tokenizer)
     app = create_app(engine, tokenizer, model_name=model_name or default_model_name(tokenizer),
-                     max_waiting=max_waiting)
+                     max_waiting=max_waiting, tenants=tenants)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

@@ -12,6 +12,9 @@ Supported fields (anything else is ignored, like OpenAI does with unknown fields
   0 is greedy), ``top_p``, ``seed``, ``stream``, ``stream_options.include_usage``;
 - extensions, as in vLLM: ``top_k`` (``0`` or ``-1`` mean "off"), ``ignore_eos`` and
   ``stop_token_ids`` (token-level stops);
+- ``user`` names the request's tenant (unless API keys do, see ``tenants``) and ``priority``
+  (an integer, lower first; vLLM's extension) is accepted when the engine's scheduling policy is
+  ``priority`` (any other non-zero value is refused with 400, as vLLM does);
 - ``n`` must be 1, and ``stop`` must be empty: this server stops on token ids, not strings
   (``stop_token_ids``); the error says so. Fields the engine cannot honour (``logprobs``,
   ``echo``, ``best_of``, ``suffix``, penalties, ``logit_bias``, ``tools``, a
@@ -41,10 +44,11 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, counted: bool = False) -> None:
         super().__init__(message)
         self.status, self.message, self.type = status, message, type
         self.param, self.code, self.headers = param, code, headers
+        self.counted = counted  # already in the metrics (the handler counts the rest)
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
@@ -194,7 +198,8 @@ class _GenerationRequest(BaseModel):
     presence_penalty: Any = None
     frequency_penalty: Any = None
     logit_bias: Any = None
-    user: Any = None
+    user: Any = None                        # names the tenant (see server.tenants)
+    priority: StrictInt = 0                 # extension (vLLM): lower is served first
 
 
 class CompletionRequest(_GenerationRequest):
