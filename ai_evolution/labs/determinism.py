@@ -33,6 +33,7 @@ import torch
 from .. import claims
 from ..engine import LLM, SamplingParams, build_engine
 from ..engine.batch_invariant import generate_with_logits
+from ..fmt import es_count
 from ..hardware import supported_dtypes
 from ..loadgen.arrivals import poisson_arrivals
 from ..model import load_model
@@ -283,10 +284,10 @@ def verdicts(divergence: dict, identical: dict,
             r = modes[mode]
             found[f"composed_{mode}"] = claims.threshold(
                 r["differing_from_solo"] / r["copies"], 0.0,
-                what=(f"{r['copies']} copias de la misma petición ({case}), cada una en otro "
-                      f"lote (de 1 a {max(r['batch_sizes'])} peticiones), {kernels}: fracción "
-                      f"de copias cuya respuesta difiere de la que da sola (respuestas distintas: "
-                      f"{r['distinct']})"),
+                what=(f"fracción de las {r['copies']} copias de la misma petición ({case}), cada "
+                      f"una en otro lote de 1 a {max(r['batch_sizes'])} peticiones, cuya respuesta "
+                      f"difiere de la que da sola, {kernels} "
+                      f"({es_count(r['distinct'], 'respuesta distinta', 'respuestas distintas')})"),
                 passed=passed, failed=failed)
     for dtype, modes in divergence.items():
         sizes = ", ".join(str(r["batch_size"]) for r in modes["usual"])
@@ -305,12 +306,12 @@ def verdicts(divergence: dict, identical: dict,
     for case, modes in identical.items():
         for mode in MODES:
             r = modes[mode]
+            kernels = "con el modo invariante" if mode == "invariant" else "con los kernels habituales"
             found[f"identical_{case}_{mode}"] = claims.threshold(
                 r["differing"] / r["copies"], 0.0,
-                what=(f"{r['copies']} copias idénticas ({case}) bajo carga de Poisson, "
-                      f"{'modo invariante' if mode == 'invariant' else 'kernels habituales'}: "
-                      f"fracción de copias cuya respuesta difiere de la más común "
-                      f"(respuestas distintas: {r['distinct']})"),
+                what=(f"fracción de las {r['copies']} copias idénticas ({case}) bajo carga de "
+                      f"Poisson cuya respuesta difiere de la más común, {kernels} "
+                      f"({es_count(r['distinct'], 'respuesta distinta', 'respuestas distintas')})"),
                 passed="todas las copias dan la misma respuesta",
                 failed="algunas copias dan otra respuesta")
     return found

@@ -438,8 +438,8 @@ def formula_verdicts(acceptance: dict) -> dict[str, claims.Claim]:
         out[f"formula_k{row['k']}"] = claims.threshold(
             abs(got - pred) / pred, FORMULA_TOLERANCE,
             what=(f"diferencia relativa entre los tokens por paso medidos ({es(got, 3)}) y los que "
-                  f"predice (1 − α^(k+1)) / (1 − α) con α = {es(row['alpha'], 3)} "
-                  f"({es(pred, 3)}), k = {row['k']}"),
+                  f"predice la fórmula con α = {es(row['alpha'], 3)} ({es(pred, 3)}), "
+                  f"k = {row['k']}"),
             passed="la fórmula predice los tokens por paso", failed=(
                 "la fórmula no predice los tokens por paso: la aceptación no es la misma en cada "
                 "posición"))
@@ -453,8 +453,8 @@ def exactness_verdicts(acceptance: dict, engine: dict) -> dict[str, claims.Claim
     return {
         "exact_loop": claims.threshold(
             (runs - acceptance["runs_identical"]) / runs, 0.0,
-            what=(f"ejecuciones de speculative_generate cuyos tokens difieren de la decodificación "
-                  f"voraz normal ({runs} ejecuciones: {acceptance['prompts']} prompts × "
+            what=(f"ejecuciones del bucle especulativo cuyos tokens difieren de la decodificación "
+                  f"voraz normal ({runs} ejecuciones, {acceptance['prompts']} prompts × "
                   f"{len(acceptance['per_k'])} valores de k)"),
             passed="la salida especulativa es la voraz, token a token",
             failed="la salida especulativa no es la voraz"),
