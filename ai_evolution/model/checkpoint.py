@@ -42,7 +42,7 @@ def random_model(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.
                  device: str | torch.device = "cpu", init_std: float = 0.02) -> Transformer:
     """A ``Transformer`` with seeded random weights (eval mode).
 
-    Norm weights are ones; every other parameter (embeddings, linear weights and biases) is drawn
+    Norm weights are the identity (ones; zeros for a zero-centered norm); every other parameter (embeddings, linear weights and biases) is drawn
     from N(0, init_std^2). Values are drawn on the CPU in float32 in parameter order, so one seed
     gives the same weights on every device and dtype.
     """
@@ -51,7 +51,7 @@ def random_model(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                p.fill_(model.get_submodule(name.removesuffix(".weight")).identity)
             else:
                 p.copy_(torch.empty(p.shape).normal_(0.0, init_std, generator=gen))
     return model.to(dtype).eval()
