@@ -8,6 +8,7 @@ import torch
 from ai_evolution.model.attention import ContiguousKVCache
 from ai_evolution.model.checkpoint import load_pretrained, random_model, save_pretrained
 from ai_evolution.model.config import ModelConfig
+from ai_evolution.model.memory import linear_shapes, param_count
 from ai_evolution.model.linear_attention import (LinearAttentionState, gated_delta_chunked,
                                                  gated_delta_recurrent)
 from test_model import hf_model  # every parameter random: norms, A_log, dt_bias, conv included
@@ -172,6 +173,15 @@ def test_state_size_does_not_grow_with_the_context():
     assert state.recurrent.abs().sum() > 0 and state.conv.abs().sum() > 0
     # The KV cache has one entry per attention layer only.
     assert kv.k.shape[0] == HYBRID.num_attention_layers == 2
+
+
+def test_parameter_arithmetic_matches_the_modules():
+    for config in CONFIGS.values():
+        model = random_model(config, seed=0)
+        assert param_count(config) == model.num_parameters()
+        linears = [(n, m.out_features, m.in_features) for n, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear)]
+        assert [(n, o, k) for n, o, k in linear_shapes(config)] == linears
 
 
 # --- configuration ---------------------------------------------------------------------------------
