@@ -227,3 +227,69 @@ def test_a_hybrid_needs_both_caches_or_neither():
                                      intermediate_size=48, vocab_size=97))
     with pytest.raises(ValueError, match="no tiene ninguna"):
         plain(random_ids(1, 4), state=LinearAttentionState(HYBRID, batch_size=1))
+
+
+# --- the engine serves it: a state slot per request beside the KV blocks ---------------------------
+def hybrid_workload(seed: int = 0, n: int = 7):
+    """Prompts of 1..20 tokens and 1..8 new tokens each."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 21, (n,), generator=gen).tolist()
+    news = torch.randint(1, 9, (n,), generator=gen).tolist()
+    return [(random_ids(1, p, seed=seed * 100 + i)[0].tolist(), m)
+            for i, (p, m) in enumerate(zip(lens, news))]
+
+
+@pytest.fixture(scope="module")
+def served_hybrid():
+    from ai_evolution.generation import generate
+    model = random_model(HYBRID, seed=7, init_std=0.2)
+    items = hybrid_workload()
+    refs = [generate(model, p, m, cache=None)[0] for p, m in items]
+    return model, items, refs
+
+
+@pytest.mark.parametrize("options", [
+    dict(kv_layout="contiguous"),
+    dict(kv_layout="paged", block_size=4, enable_prefix_caching=False),
+    # chunked prefill: prompts split across steps, the state carried from chunk to chunk
+    dict(kv_layout="paged", block_size=4, enable_prefix_caching=False,
+         max_num_batched_tokens=6, enable_chunked_prefill=True),
+    # few blocks: requests are preempted and recompute their state from zeros
+    dict(kv_layout="paged", block_size=4, num_blocks=9, enable_prefix_caching=False,
+         max_num_batched_tokens=8, enable_chunked_prefill=True),
+], ids=["contiguous", "paged", "chunked", "preempted"])
+def test_engine_batched_greedy_tokens_equal_solo_uncached_decoding(served_hybrid, options):
+    from ai_evolution.engine import SamplingParams
+    from ai_evolution.engine.config import build_engine
+    model, items, refs = served_hybrid
+    engine = build_engine(model, max_num_seqs=3, max_model_len=32, decode_graphs=None, **options)
+    for i, (prompt, n) in enumerate(items):
+        engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True), request_id=f"r{i}")
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.retire_finished()
+    for i, ref in enumerate(refs):
+        assert engine.requests[f"r{i}"].output_token_ids == ref, f"request {i}"
+    kv = engine.scheduler.kv
+    kv.check_invariants()
+    assert kv.num_state_slots == 3 and sorted(kv._free) == [0, 1, 2]  # every slot came back
+    if "num_blocks" in options:
+        assert engine.scheduler.num_preemptions > 0
+    if "max_num_batched_tokens" in options:
+        # some prompt was split: a chunk ended before the prompt did, the next one carried on
+        assert any(e.is_prefill and e.context_len < engine.requests[e.request_id].num_prompt_tokens
+                   for h in engine.history for e in h.scheduled)
+
+
+def test_engine_refuses_what_a_hybrid_cannot_do_yet():
+    from ai_evolution.engine.config import build_engine
+    model = random_model(HYBRID, seed=0)
+    with pytest.raises(ValueError, match="la caché de prefijos no está disponible para un modelo "
+                                         "híbrido"):
+        build_engine(model, max_num_seqs=2, max_model_len=16, kv_layout="paged", block_size=4)
+    with pytest.raises(ValueError, match="decodificación especulativa no está disponible"):
+        build_engine(model, max_num_seqs=2, max_model_len=16, speculative_config={
+            "method": "ngram", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="decode_graphs='eager' no está disponible para un "
+                                         "modelo híbrido"):
+        build_engine(model, max_num_seqs=2, max_model_len=16, decode_graphs="eager")

@@ -188,29 +188,90 @@ class GatedDeltaNet(nn.Module):
         self.norm = RMSNorm(self.head_v_dim, config.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, h, bias=False)
 
-    def forward(self, x: Tensor, state: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """``x`` ``[B, T, hidden]`` -> ``[B, T, hidden]``. ``state`` ``(conv, recurrent)``: the
-        sequences' state before these tokens, **updated in place** (None: start from zeros and
-        keep nothing). One token per row runs the recurrent form; more, the chunked form."""
+    def forward(self, x: Tensor, state: "tuple[Tensor, Tensor] | StateSegments | None" = None) -> Tensor:
+        """``x`` ``[B, T, hidden]`` -> ``[B, T, hidden]``. ``state``: the sequences' state before
+        these tokens, **updated in place**: a ``(conv, recurrent)`` pair with one row per batch
+        row, or ``StateSegments`` when the row holds several sequences one after another (the
+        engine's flat step); None starts from zeros and keeps nothing. A sequence with one new
+        token runs the recurrent form; with more, the chunked form. The projections run once
+        over all the tokens; only the convolution and the recurrence are per sequence."""
         B, T, _ = x.shape
-        conv_state, recurrent = (None, None) if state is None else state
-        mixed = causal_conv(self.in_proj_qkv(x).transpose(1, 2), self.conv1d.weight, conv_state)
-        q, k, v = F.silu(mixed).transpose(1, 2).split((self.key_dim, self.key_dim, self.value_dim),
-                                                      dim=-1)
+        mixed = self.in_proj_qkv(x)                                          # [B, T, conv_dim]
+        beta = self.in_proj_b(x).sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        if isinstance(state, StateSegments):
+            out = state.apply(self.mix, mixed, g, beta)
+        else:
+            conv_state, recurrent = (None, None) if state is None else state
+            out = self.mix(mixed, g, beta, conv_state, recurrent)
+        z = self.in_proj_z(x).reshape(B, T, self.num_v_heads, self.head_v_dim)
+        out = (self.norm(out.to(x.dtype)) * F.silu(z.float())).to(x.dtype)  # gated RMSNorm
+        return self.out_proj(out.reshape(B, T, self.value_dim))
+
+    def mix(self, mixed: Tensor, g: Tensor, beta: Tensor, conv_state: Tensor | None,
+            recurrent: Tensor | None) -> Tensor:
+        """The per-sequence part: convolution, then the delta rule. ``mixed`` ``[B, T, conv_dim]``
+        (``in_proj_qkv``'s output), ``g``, ``beta`` ``[B, T, Hv]``; the states (``[B, ...]`` or
+        None) are updated in place. Returns ``[B, T, Hv, Dv]`` float32."""
+        B, T, _ = mixed.shape
+        mixed = F.silu(causal_conv(mixed.transpose(1, 2), self.conv1d.weight, conv_state))
+        q, k, v = mixed.transpose(1, 2).split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
         group = self.num_v_heads // self.num_k_heads  # each q/k head serves `group` value heads
         q = q.reshape(B, T, self.num_k_heads, self.head_k_dim).repeat_interleave(group, dim=2)
         k = k.reshape(B, T, self.num_k_heads, self.head_k_dim).repeat_interleave(group, dim=2)
         v = v.reshape(B, T, self.num_v_heads, self.head_v_dim)
         q = l2_normalize(q.float()) * self.head_k_dim ** -0.5
         k = l2_normalize(k.float())
-        beta = self.in_proj_b(x).sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
         if T == 1:
             out, final = gated_delta_recurrent(q, k, v, g, beta, recurrent)
         else:
             out, final = gated_delta_chunked(q, k, v, g, beta, recurrent, self.chunk_size)
         if recurrent is not None:
             recurrent.copy_(final)
-        z = self.in_proj_z(x).reshape(B, T, self.num_v_heads, self.head_v_dim)
-        out = (self.norm(out.to(x.dtype)) * F.silu(z.float())).to(x.dtype)  # gated RMSNorm
-        return self.out_proj(out.reshape(B, T, self.value_dim))
+        return out
+
+
+class StateSegments:
+    """One linear layer's state store seen by a flat row of several sequences' tokens.
+
+    ``conv`` ``[slots, C, K-1]`` and ``recurrent`` ``[slots, Hv, Dk, Dv]`` hold one state per
+    slot; ``segments`` lists ``(begin, end, slot)``: tokens ``begin..end-1`` of the row (in order,
+    covering it) belong to the sequence whose state is in ``slot``. Sequences with one token
+    (decode) are gathered into one batch; each longer one (a prompt chunk) runs on its own.
+    """
+
+    def __init__(self, conv: Tensor, recurrent: Tensor,
+                 segments: tuple[tuple[int, int, int], ...]) -> None:
+        self.conv, self.recurrent, self.segments = conv, recurrent, segments
+
+    def apply(self, mix, mixed: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+        """``mix(mixed, g, beta, conv, recurrent)`` per sequence of the row ``[1, N, ...]``."""
+        pieces: dict[int, Tensor] = {}
+        single = [(b, slot) for b, e, slot in self.segments if e - b == 1]
+        if single:
+            idx = torch.tensor([b for b, _ in single], device=mixed.device)
+            slots = torch.tensor([slot for _, slot in single], device=mixed.device)
+            conv, rec = self.conv[slots], self.recurrent[slots]               # gathered copies
+            out = mix(mixed[0, idx, None], g[0, idx, None], beta[0, idx, None], conv, rec)
+            self.conv[slots], self.recurrent[slots] = conv, rec               # written back
+            pieces.update((b, out[i:i + 1]) for i, (b, _) in enumerate(single))
+        for b, e, slot in self.segments:
+            if e - b > 1:
+                pieces[b] = mix(mixed[:, b:e], g[:, b:e], beta[:, b:e],
+                                self.conv[slot:slot + 1], self.recurrent[slot:slot + 1])
+        return torch.cat([pieces[b] for b, _, _ in self.segments], dim=1)
+
+
+class SlotState:
+    """``LinearAttentionState`` rows used as per-request slots, for one flat engine step:
+    ``layer(j)`` gives linear layer ``j``'s ``StateSegments``."""
+
+    batch_size = 1  # the engine's step is one flat row
+
+    def __init__(self, store: LinearAttentionState,
+                 segments: tuple[tuple[int, int, int], ...]) -> None:
+        self.store, self.segments = store, segments
+
+    def layer(self, j: int) -> StateSegments:
+        conv, recurrent = self.store.layer(j)
+        return StateSegments(conv, recurrent, self.segments)
