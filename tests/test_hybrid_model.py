@@ -293,3 +293,11 @@ def test_engine_refuses_what_a_hybrid_cannot_do_yet():
     with pytest.raises(ValueError, match="decode_graphs='eager' no está disponible para un "
                                          "modelo híbrido"):
         build_engine(model, max_num_seqs=2, max_model_len=16, decode_graphs="eager")
+
+
+def test_generate_with_a_cache_equals_generate_without_for_prompts_of_different_lengths():
+    from ai_evolution.generation import generate
+    model = random_model(HYBRID, seed=7, init_std=0.2)
+    prompts = [p for p, _ in hybrid_workload(seed=1, n=4)]
+    assert len({len(p) for p in prompts}) > 1
+    assert generate(model, prompts, 6) == generate(model, prompts, 6, cache=None)
