@@ -28,9 +28,9 @@ BASE = dict(num_layers=4, hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=
 HYBRID = ModelConfig(**BASE)
 # Three linear layers then one attention layer (Hugging Face's default pattern), a tied head,
 # attention biases and one value head per key head.
-VARIANT = ModelConfig(**{**BASE, "layer_types": None, "num_layers": 4,
-                         "tie_word_embeddings": True, "attention_bias": True, "o_proj_bias": True,
-                         "linear_num_value_heads": 2, "partial_rotary_factor": 0.5,
+VARIANT = ModelConfig(**{**BASE, "tie_word_embeddings": True, "attention_bias": True,
+                         "o_proj_bias": True, "linear_num_value_heads": 2,
+                         "partial_rotary_factor": 0.5,
                          "layer_types": ("linear_attention",) * 3 + ("full_attention",)})
 CONFIGS = {"alternating": HYBRID, "three-to-one": VARIANT}
 
