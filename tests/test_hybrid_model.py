@@ -301,3 +301,25 @@ def test_generate_with_a_cache_equals_generate_without_for_prompts_of_different_
     prompts = [p for p, _ in hybrid_workload(seed=1, n=4)]
     assert len({len(p) for p in prompts}) > 1
     assert generate(model, prompts, 6) == generate(model, prompts, 6, cache=None)
+
+
+def test_a_multimodal_qwen35_checkpoint_loads_its_text_decoder(tmp_path, hf_checkpoints):
+    """Qwen3.5's Hub checkpoints wrap the decoder: model.language_model.*, plus a vision tower
+    (model.visual.*) and an MTP head (mtp.*) that the text decoder ignores."""
+    import json
+    from safetensors.torch import load_file, save_file
+    folder, hf = hf_checkpoints["alternating"]
+    state = load_file(str(folder / "model.safetensors"))
+    wrapped = {("model.language_model." + k.removeprefix("model.") if k.startswith("model.")
+                else k): v for k, v in state.items()}
+    wrapped["model.visual.patch_embed.proj.weight"] = torch.zeros(2, 2)
+    wrapped["mtp.fc.weight"] = torch.zeros(2, 2)
+    save_file(wrapped, str(tmp_path / "model.safetensors"))
+    text = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+         "text_config": text}))
+    ours = load_pretrained(tmp_path)
+    ids = random_ids(1, 12)
+    with torch.no_grad():
+        assert_close(ours(ids), hf(ids).logits)

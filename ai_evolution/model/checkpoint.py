@@ -23,6 +23,11 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Buffers some exporters store although they are recomputed from the config.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Qwen3.5's published checkpoints are multimodal (Qwen3_5ForConditionalGeneration): the text
+# decoder sits under model.language_model, beside a vision tower and a multi-token-prediction
+# head that a text-only decoder does not use.
+_TEXT_PREFIX = "model.language_model."
+_IGNORED_PREFIXES = ("model.visual.", "mtp.")
 
 
 class CheckpointError(ValueError):
@@ -108,21 +113,23 @@ def _read_tensors(files: list[Path], expected: dict[str, torch.Size], optional: 
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as reader:
-                for name in reader.keys():
-                    if name.endswith(_IGNORED_SUFFIXES):
+                for stored in reader.keys():
+                    if stored.endswith(_IGNORED_SUFFIXES) or stored.startswith(_IGNORED_PREFIXES):
                         continue
+                    name = ("model." + stored.removeprefix(_TEXT_PREFIX)
+                            if stored.startswith(_TEXT_PREFIX) else stored)
                     if name not in expected:
                         raise CheckpointError(
                             f"tensor inesperado {name!r} en {f}: este modelo de {len(expected)} tensores "
                             "no tiene ningún parámetro con ese nombre (¿es config.json de otro modelo?)"
                         )
-                    shape = tuple(reader.get_slice(name).get_shape())
+                    shape = tuple(reader.get_slice(stored).get_shape())
                     if shape != tuple(expected[name]):
                         raise CheckpointError(
                             f"el tensor {name!r} de {f} tiene forma {list(shape)}; el modelo construido "
                             f"con config.json espera {list(expected[name])}"
                         )
-                    state[name] = reader.get_tensor(name).to(device=device, dtype=dtype)
+                    state[name] = reader.get_tensor(stored).to(device=device, dtype=dtype)
         except CheckpointError:
             raise
         except Exception as e:  # safetensors raises its own error types for corrupt files
