@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from .model.attention import AttentionFn, ContiguousKVCache
+from .model.linear_attention import LinearAttentionState
 from .model.decoder import Transformer
 from .model.kv_quant import check_kv_dtype
 from .model.sampling import pick_tokens
@@ -75,6 +76,9 @@ def generate(model: Transformer, prompt_ids: Sequence[int] | Sequence[Sequence[i
         else:
             kv = ContiguousKVCache(config, len(prompts), max(map(len, prompts)) + max_new_tokens,
                                    dtype=param.dtype, device=param.device, kv_dtype=kv_dtype)
+            if config.is_hybrid and kv_dtype is not None:
+                raise ValueError("kv_dtype no está disponible aún con un modelo híbrido en "
+                                 "generate; use kv_dtype=None")
             next_logits = _cached_stepper(model, prompts, kv, attn_fn)
         out: list[list[int]] = [[] for _ in prompts]
         done = [False] * len(prompts)
@@ -126,6 +130,18 @@ def _check_eos(eos_token_id, vocab_size: int) -> set[int]:
     return set(ids)
 
 
+class _Row:
+    """Row ``b`` of a cache or a state: ``layer(i)`` gives that row's views (``[1, ...]``)."""
+
+    batch_size = 1
+
+    def __init__(self, store, b: int) -> None:
+        self.store, self.b = store, b
+
+    def layer(self, i: int):
+        return tuple(t[self.b:self.b + 1] for t in self.store.layer(i))
+
+
 def _right_pad(seqs: list[list[int]], device) -> tuple[Tensor, Tensor]:
     """Rows padded on the right with token 0: ``ids`` ``[B, max_len]`` and ``lengths`` ``[B]``.
 
@@ -163,16 +179,26 @@ def _cached_stepper(model: Transformer, prompts: list[list[int]], kv: Contiguous
                     attn_fn: AttentionFn | None):
     device = kv.device
     ids, lengths = _right_pad(prompts, device)
+    # A hybrid's linear layers fold every token they see into their state, padding included:
+    # its rows are prefilled one at a time, each with its own length (then decode is batched).
+    state = (LinearAttentionState(model.config, len(prompts), device=device)
+             if model.config.is_hybrid else None)
 
     def next_logits(new_tokens: list[int] | None) -> Tensor:
         nonlocal lengths
+        if new_tokens is None and state is not None:
+            last = [model.hidden_states(ids[b:b + 1, :n], kv_cache=_Row(kv, b), attn_fn=attn_fn,
+                                        state=_Row(state, b))[:, -1]
+                    for b, n in enumerate(lengths.tolist())]
+            return model.logits(torch.cat(last))
         if new_tokens is None:  # prefill: every row at positions 0..T-1, padding included
             hidden = model.hidden_states(ids, kv_cache=kv, attn_fn=attn_fn)       # [B, T, h]
             return _last_logits(model, hidden, lengths)
         # decode: each row writes its new token right after its own last one
         step_ids = torch.tensor(new_tokens, device=device)[:, None]            # [B, 1]
         positions = lengths[:, None]                                            # [B, 1]
-        hidden = model.hidden_states(step_ids, positions, kv_cache=kv, attn_fn=attn_fn)
+        hidden = model.hidden_states(step_ids, positions, kv_cache=kv, attn_fn=attn_fn,
+                                     state=state)
         lengths = lengths + 1
         return model.logits(hidden[:, -1])
 

@@ -92,3 +92,13 @@ def test_calibration_fits_overhead_and_never_goes_negative():
 def test_cost_model_rejects_non_positive_machine_numbers():
     with pytest.raises(ValueError, match="ancho de banda"):
         RooflineCostModel(0, 1e12)
+
+
+def test_a_hybrids_decode_step_reads_kv_of_8_layers_and_its_state_once_per_sequence():
+    from ai_evolution.model import get_preset
+    cfg = get_preset("qwen3.5-9b")
+    empty, full = decode_step_cost(cfg, 2, 0), decode_step_cost(cfg, 2, 4096)
+    state = 50.25 * 2**20  # f32: 48 MiB of delta-rule matrices + 2,25 MiB of conv windows
+    assert empty.state_bytes == full.state_bytes == 2 * 2 * state  # read + write, 2 sequences
+    assert full.kv_bytes - empty.kv_bytes == 2 * 4096 * 32 * 1024  # 32 KiB per cached token
+    assert full.flops - empty.flops == 4 * 8 * 16 * 256 * 4096 * 2  # 8 attention layers

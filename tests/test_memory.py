@@ -97,3 +97,42 @@ def test_unknown_preset_lists_known_ones():
 def test_memory_grows_linearly_in_tokens_and_batch():
     cfg = get_preset("qwen3-0.6b")
     assert math.isclose(kv_bytes(cfg, 100, 3, "fp16"), 300 * kv_bytes_per_token(cfg, "fp16"))
+
+
+# --- hybrid decoders: KV for attention layers only, a fixed state per sequence ------------------
+def test_qwen35_9b_kv_counts_only_its_8_attention_layers():
+    from ai_evolution.model.memory import (conv_state_bytes, recurrent_state_bytes,
+                                           state_bytes_per_sequence)
+    cfg = get_preset("qwen3.5-9b")
+    assert (cfg.num_attention_layers, cfg.num_linear_layers) == (8, 24)
+    assert cfg.attention_layer_ids == (3, 7, 11, 15, 19, 23, 27, 31)
+    # 2 (K, V) x 8 layers x 4 KV heads x 256 dims x 2 bytes = 32 KiB, the seed's figure.
+    assert kv_bytes_per_token(cfg, "bf16") == 32 * 1024
+    # 24 layers x 32 value heads x 128 x 128 x 4 bytes (f32) = 48 MiB, the seed's figure.
+    assert recurrent_state_bytes(cfg) == 48 * 2**20
+    # 24 layers x (2 x 16 x 128 + 32 x 128) channels x 3 past inputs x 4 bytes = 2,25 MiB.
+    assert conv_state_bytes(cfg) == 24 * 8192 * 3 * 4 == 2.25 * 2**20
+    assert state_bytes_per_sequence(cfg) == 50.25 * 2**20
+    assert state_bytes_per_sequence(cfg, "bf16") == 50.25 * 2**20 / 2
+    # The main part of the state weighs as much as 1 536 tokens of KV.
+    assert recurrent_state_bytes(cfg) / kv_bytes_per_token(cfg, "bf16") == 1536
+    assert state_bytes_per_sequence(get_preset("llama-3.1-8b")) == 0
+
+
+def test_qwen35_9b_has_about_nine_billion_parameters():
+    # Embeddings and head 2 x 248320 x 4096; 32 MLPs of 3 x 4096 x 12288; 8 attention layers
+    # (q_proj doubled by the gate); 24 linear layers; norms, conv, dt_bias, A_log.
+    n = param_count(get_preset("qwen3.5-9b"))
+    assert 8.9e9 < n < 9.0e9, n
+
+
+def test_memory_budget_pays_the_state_once_per_sequence():
+    cfg = get_preset("qwen3.5-9b")
+    short = memory_budget(cfg, 80e9, max_len=10, weights_bytes=20e9)
+    long = memory_budget(cfg, 80e9, max_len=10_000, weights_bytes=20e9)
+    state = 50.25 * 2**20
+    assert short.state_bytes_per_sequence == state
+    assert short.static_slots == math.floor(60e9 / (10 * 32 * 1024 + state))
+    assert long.static_slots == math.floor(60e9 / (10_000 * 32 * 1024 + state))
+    # At 10 tokens the state is almost all of a sequence's memory: without it, 160x more fit.
+    assert math.floor(60e9 / (10 * 32 * 1024)) > 160 * short.static_slots

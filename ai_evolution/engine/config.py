@@ -30,6 +30,7 @@ from .llm_engine import Executor, LLMEngine
 from .runner import ModelRunner
 from .scheduler import POLICIES, Policy, Scheduler, check_positive_int, check_token_budget
 from .scheduling_policy import SchedulingPolicy, check_scheduling_policy
+from .state_slots import HybridKVManager
 
 KV_LAYOUTS = ("contiguous", "paged")
 DECODE_GRAPHS = ("auto", *GRAPH_BACKENDS, None)
@@ -268,6 +269,12 @@ def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None =
         raise ValueError(f"max_model_len={config.max_model_len} supera las "
                          f"{model_config.max_position_embeddings} posiciones del modelo")
     kv = config.kv_manager() if kv is None else kv
+    if model_config.is_hybrid and not isinstance(kv, HybridKVManager):
+        if config.speculative_config is not None:
+            raise ValueError("la decodificación especulativa no está disponible para un modelo "
+                             "híbrido: descartar borradores rechazados exigiría volver atrás su "
+                             "estado fijo; quite speculative_config")
+        kv = HybridKVManager(kv, config.max_num_seqs)  # one state slot per running request
     scheduler = Scheduler(config.max_num_seqs, config.max_model_len, config.policy, kv=kv,
                           max_num_batched_tokens=config.max_num_batched_tokens,
                           enable_chunked_prefill=config.enable_chunked_prefill,

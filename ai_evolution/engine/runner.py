@@ -31,6 +31,7 @@ from ..model.attention import (decode_attention, gather_blocks, kv_storage_nbyte
                                new_kv_storage, write_slots)
 from ..model.decoder import Transformer
 from ..model.kv_quant import check_kv_dtype
+from ..model.linear_attention import LinearAttentionState, SlotState
 from ..model.sampling import pick_tokens, token_probs
 from .batch_invariant import DefaultKernels, InvariantAttention, check_device
 from .graphs import GRAPH_BACKENDS, DecodeGraphs
@@ -50,7 +51,9 @@ class BlockKVCache:
             raise ValueError(f"num_blocks y block_size deben ser >= 1; se recibió {num_blocks}, {block_size}")
         check_kv_dtype(kv_dtype)
         self.num_blocks, self.block_size, self.kv_dtype = num_blocks, block_size, kv_dtype
-        shape = (config.num_layers, num_blocks, config.num_kv_heads, block_size, config.head_dim)
+        # attention layers only: a hybrid's linear layers keep a state per request instead
+        shape = (config.num_attention_layers, num_blocks, config.num_kv_heads, block_size,
+                 config.head_dim)
         self.k, self.v = new_kv_storage(shape, dtype, device, kv_dtype)
 
     def layer(self, i: int) -> tuple[Tensor, Tensor]:
@@ -73,6 +76,9 @@ class ModelRunner:
     runs every step eagerly). ``on_logits(request_id, logits)``, when set, receives the float32
     logits each step computed for each sampling request (``[1 + k, V]``): how tests and chapter
     10's lab compare them bit for bit.
+
+    A hybrid model (linear-attention layers) also gets ``state``: one fixed state per request
+    slot, ``max_num_seqs`` slots (``engine.state_slots``), float32; eager steps only.
     """
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int,
@@ -96,8 +102,16 @@ class ModelRunner:
             raise ValueError(f"block_size={block_size} supera las "
                              f"{model.config.max_position_embeddings} posiciones del modelo "
                              "(max_position_embeddings)")
+        hybrid = model.config.is_hybrid
+        if hybrid and decode_graphs not in (None, "auto"):
+            raise ValueError(f"decode_graphs={decode_graphs!r} no está disponible para un modelo "
+                             "híbrido (sus capas lineales actualizan un estado por petición en "
+                             "cada paso); use decode_graphs=None")
+        if hybrid and self.kernels.batch_invariant:
+            raise ValueError("el modo invariante al lote (batch_invariant=True) no cubre aún las "
+                             "capas de atención lineal de un modelo híbrido")
         if decode_graphs == "auto":
-            decode_graphs = "cuda" if self.device.type == "cuda" else None
+            decode_graphs = "cuda" if self.device.type == "cuda" and not hybrid else None
         if decode_graphs not in (None, *GRAPH_BACKENDS):
             raise ValueError(f"decode_graphs={decode_graphs!r} no es válido; aceptados: 'auto', "
                              f"{', '.join(repr(b) for b in GRAPH_BACKENDS)} o None")
@@ -107,6 +121,8 @@ class ModelRunner:
                                   dtype=self.dtype, device=self.device, kv_dtype=kv_dtype)
         self.graphs = None if decode_graphs is None else DecodeGraphs(
             model, self.cache, max_num_seqs, max_model_len or block_size, backend=decode_graphs)
+        self.state = (LinearAttentionState(model.config, max_num_seqs, device=self.device)
+                      if hybrid else None)
         self.generators: dict[str, torch.Generator] = {}  # request id -> its sampling generator
         self._t0 = time.perf_counter()
 
@@ -131,6 +147,12 @@ class ModelRunner:
                              f"{self.block_size} tokens y el gestor de KV del planificador reparte "
                              f"{kv.num_blocks} bloques de {kv.block_size}: deben coincidir (cree el "
                              "ejecutor con ModelRunner.for_kv(modelo, kv), o use build_engine)")
+        slots = getattr(kv, "num_state_slots", None)
+        if self.state is not None and slots != self.state.batch_size:
+            raise ValueError(f"el modelo es híbrido: el ejecutor guarda {self.state.batch_size} "
+                             f"estados (max_num_seqs) y el gestor de KV reparte {slots} ranuras de "
+                             "estado: deben coincidir (use build_engine, que envuelve el gestor en "
+                             "un HybridKVManager)")
         limit = self.model.config.max_position_embeddings
         if self.graphs is not None:
             limit = min(limit, self.graphs.max_blocks * self.block_size)
@@ -216,7 +238,25 @@ class ModelRunner:
             attn = InvariantAttention(self.kernels, out, blocks_t, offsets_t, bs)
         else:
             attn = _SelectiveAttention(out, blocks_t, offsets_t, bs)
-        return self.model.hidden_states(ids_t, pos_t, kv_cache=self.cache, attn_fn=attn), last
+        return self.model.hidden_states(ids_t, pos_t, kv_cache=self.cache, attn_fn=attn,
+                                        state=self._slot_state(out)), last
+
+    def _slot_state(self, out: SchedulerOutput) -> SlotState | None:
+        """A hybrid's states for this step: each request's tokens and slot; a request that
+        starts at position 0 (new, or preempted and recomputing) starts from zeros."""
+        if self.state is None:
+            return None
+        segments, n = [], 0
+        for s in out.scheduled:
+            if s.state_slot is None:
+                raise ValueError(f"la petición {s.request_id} no tiene ranura de estado y el "
+                                 "modelo es híbrido (el gestor de KV debe ser un HybridKVManager)")
+            if s.start == 0:
+                self.state.conv[:, s.state_slot] = 0
+                self.state.recurrent[:, s.state_slot] = 0
+            segments.append((n, n + s.num_tokens, s.state_slot))
+            n += s.num_tokens
+        return SlotState(self.state, tuple(segments))
 
     def _generator(self, s: ScheduledRequest) -> torch.Generator:
         """The request's sampling generator, created (and seeded) at its first sample and kept

@@ -362,7 +362,13 @@ class Scheduler:
         start = r.num_computed_tokens
         return ScheduledRequest(r.request_id, tuple(r.token_ids_between(start, start + n)) + tuple(drafts),
                                 start, tuple(self.kv.block_table(r.request_id)), r.num_prompt_tokens,
-                                r.sampling_params, start + n == r.num_tokens, tuple(drafts))
+                                r.sampling_params, start + n == r.num_tokens, tuple(drafts),
+                                self._state_slot(r.request_id))
+
+    def _state_slot(self, request_id: str) -> int | None:
+        """The request's state slot, when the KV manager keeps a hybrid's states."""
+        state_slot = getattr(self.kv, "state_slot", None)
+        return None if state_slot is None else state_slot(request_id)
 
     def _tokens(self, want: int, budget: float) -> int:
         n = self.token_fn(want, budget, self.enable_chunked_prefill)

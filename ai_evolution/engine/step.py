@@ -24,7 +24,8 @@ class ScheduledRequest:
     whose K/V go to the blocks of ``block_ids`` (its whole block table). The last
     ``len(draft_token_ids)`` of them are a draft model's tokens (speculative decoding), verified
     in this same forward pass. ``samples``: the step completes the request's pending tokens, so
-    it yields a token (a prompt chunk that stops short samples nothing)."""
+    it yields a token (a prompt chunk that stops short samples nothing). ``state_slot``: with a
+    hybrid model, the slot of the request's fixed state (``engine.state_slots``); None otherwise."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -34,6 +35,7 @@ class ScheduledRequest:
     sampling_params: SamplingParams
     samples: bool
     draft_token_ids: tuple[int, ...] = ()
+    state_slot: int | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -44,14 +44,17 @@ class ContiguousKVCache:
         self.batch_size = batch_size
         self.max_len = max_len
         self.kv_dtype = kv_dtype
-        shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
+        # One entry per attention layer (all layers of a plain transformer; a hybrid's linear
+        # layers keep a fixed state instead, ``linear_attention.LinearAttentionState``).
+        shape = (config.num_attention_layers, batch_size, config.num_kv_heads, max_len,
+                 config.head_dim)
         self.k, self.v = new_kv_storage(shape, dtype, device, kv_dtype)  # [L, B, Hkv, S, D] each
 
     def layer(self, i: int) -> tuple[Tensor, Tensor]:
         """Views ``(k, v)`` of layer ``i``, each ``[B, Hkv, max_len, D]``; writes go to the cache."""
-        if not 0 <= i < self.config.num_layers:
+        if not 0 <= i < self.config.num_attention_layers:
             raise IndexError(f"la capa {i} está fuera de rango; la caché tiene las capas "
-                             f"0..{self.config.num_layers - 1}")
+                             f"0..{self.config.num_attention_layers - 1}")
         return layer_views(self.k, self.v, i)
 
     @property

@@ -23,6 +23,11 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Buffers some exporters store although they are recomputed from the config.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Qwen3.5's published checkpoints are multimodal (Qwen3_5ForConditionalGeneration): the text
+# decoder sits under model.language_model, beside a vision tower and a multi-token-prediction
+# head that a text-only decoder does not use.
+_TEXT_PREFIX = "model.language_model."
+_IGNORED_PREFIXES = ("model.visual.", "mtp.")
 
 
 class CheckpointError(ValueError):
@@ -42,7 +47,7 @@ def random_model(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.
                  device: str | torch.device = "cpu", init_std: float = 0.02) -> Transformer:
     """A ``Transformer`` with seeded random weights (eval mode).
 
-    Norm weights are ones; every other parameter (embeddings, linear weights and biases) is drawn
+    Norm weights are the identity (ones; zeros for a zero-centered norm); every other parameter (embeddings, linear weights and biases) is drawn
     from N(0, init_std^2). Values are drawn on the CPU in float32 in parameter order, so one seed
     gives the same weights on every device and dtype.
     """
@@ -51,7 +56,7 @@ def random_model(config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                p.fill_(model.get_submodule(name.removesuffix(".weight")).identity)
             else:
                 p.copy_(torch.empty(p.shape).normal_(0.0, init_std, generator=gen))
     return model.to(dtype).eval()
@@ -108,21 +113,23 @@ def _read_tensors(files: list[Path], expected: dict[str, torch.Size], optional: 
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as reader:
-                for name in reader.keys():
-                    if name.endswith(_IGNORED_SUFFIXES):
+                for stored in reader.keys():
+                    if stored.endswith(_IGNORED_SUFFIXES) or stored.startswith(_IGNORED_PREFIXES):
                         continue
+                    name = ("model." + stored.removeprefix(_TEXT_PREFIX)
+                            if stored.startswith(_TEXT_PREFIX) else stored)
                     if name not in expected:
                         raise CheckpointError(
                             f"tensor inesperado {name!r} en {f}: este modelo de {len(expected)} tensores "
                             "no tiene ningún parámetro con ese nombre (¿es config.json de otro modelo?)"
                         )
-                    shape = tuple(reader.get_slice(name).get_shape())
+                    shape = tuple(reader.get_slice(stored).get_shape())
                     if shape != tuple(expected[name]):
                         raise CheckpointError(
                             f"el tensor {name!r} de {f} tiene forma {list(shape)}; el modelo construido "
                             f"con config.json espera {list(expected[name])}"
                         )
-                    state[name] = reader.get_tensor(name).to(device=device, dtype=dtype)
+                    state[name] = reader.get_tensor(stored).to(device=device, dtype=dtype)
         except CheckpointError:
             raise
         except Exception as e:  # safetensors raises its own error types for corrupt files

@@ -14,8 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5_text")
 SUPPORTED_ACTIVATIONS = ("silu", "swish")  # SwiGLU: silu(gate) * up
+# Token mixers a layer can have: softmax attention over a KV cache, or Gated DeltaNet linear
+# attention over a fixed-size state (Hugging Face's ``layer_types`` values).
+LAYER_TYPES = ("full_attention", "linear_attention")
+_LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                  "linear_value_head_dim", "linear_conv_kernel_dim")
+# A hybrid's config.json (Qwen3.5) wraps the decoder's under text_config; these are its types.
+_HYBRID_WRAPPERS = ("qwen3_5",)
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,13 @@ class ModelConfig:
     ``attention_bias`` puts a bias on the q, k and v projections; ``o_proj_bias`` on the output
     projection (Llama's ``attention_bias`` sets both; Qwen2 has the first without the second).
     ``qk_norm`` is Qwen3's per-head RMSNorm on queries and keys before RoPE.
+
+    Hybrid decoders (Qwen3.5, ``model_type="qwen3_5_text"``): ``layer_types`` names each
+    layer's token mixer, ``"full_attention"`` or ``"linear_attention"`` (Gated DeltaNet, sized by
+    the ``linear_*`` fields); None means every layer is full attention (a plain transformer).
+    Their attention layers rotate only ``partial_rotary_factor`` of each head's dimensions,
+    multiply their output by a sigmoid gate (``attn_output_gate``: ``q_proj`` then yields the
+    queries and the gate), and their RMSNorms scale by ``1 + weight`` (``zero_centered_norm``).
     """
 
     num_layers: int
@@ -48,6 +62,15 @@ class ModelConfig:
     source: str = ""
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    partial_rotary_factor: float = 1.0
+    attn_output_gate: bool = False
+    zero_centered_norm: bool = False
+    linear_num_key_heads: int | None = None
+    linear_num_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel_dim: int | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -77,11 +100,82 @@ class ModelConfig:
             raise ValueError(
                 f"model_type={self.model_type!r} no está soportado; soportados: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
+        self._check_layer_types()
+        factor = self.partial_rotary_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            raise ValueError(f"partial_rotary_factor debe estar en (0, 1]; se recibió {factor!r}")
+        rotary = int(self.head_dim * factor)
+        if rotary < 2 or rotary % 2:
+            raise ValueError(
+                f"partial_rotary_factor={factor} deja {rotary} dimensiones rotadas de head_dim="
+                f"{self.head_dim}; RoPE gira pares de dimensiones: hacen falta un número par >= 2")
+
+    def _check_layer_types(self) -> None:
+        if self.layer_types is None:
+            return
+        if isinstance(self.layer_types, str) or not isinstance(self.layer_types, (list, tuple)):
+            raise ValueError(f"layer_types debe ser una lista con un tipo por capa ("
+                             f"{', '.join(LAYER_TYPES)}); se recibió {self.layer_types!r}")
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types tiene {len(self.layer_types)} entradas pero num_layers="
+                             f"{self.num_layers}: hace falta un tipo por capa")
+        for i, kind in enumerate(self.layer_types):
+            if kind not in LAYER_TYPES:
+                raise ValueError(f"layer_types[{i}]={kind!r} no es un tipo de capa conocido; "
+                                 f"aceptados: {', '.join(LAYER_TYPES)}")
+        if "linear_attention" not in self.layer_types:
+            return
+        for name in _LINEAR_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} debe ser un entero positivo en un modelo con capas "
+                                 f"linear_attention; se recibió {value!r}")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ValueError(
+                f"linear_num_value_heads={self.linear_num_value_heads} debe ser múltiplo de "
+                f"linear_num_key_heads={self.linear_num_key_heads} (cada cabeza de clave y consulta "
+                "sirve a un grupo entero de cabezas de valor)")
 
     @property
     def q_per_kv(self) -> int:
         """Query heads that share one KV head (1 = MHA, num_heads = MQA)."""
         return self.num_heads // self.num_kv_heads
+
+    # --- layer types (hybrid decoders) -------------------------------------------------------
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """The token mixer of every layer (``layer_types``, or all ``"full_attention"``)."""
+        return self.layer_types or ("full_attention",) * self.num_layers
+
+    @property
+    def attention_layer_ids(self) -> tuple[int, ...]:
+        """Indices of the full-attention layers: the only ones with a KV cache."""
+        return tuple(i for i, kind in enumerate(self.layer_kinds) if kind == "full_attention")
+
+    @property
+    def num_attention_layers(self) -> int:
+        return len(self.attention_layer_ids)
+
+    @property
+    def num_linear_layers(self) -> int:
+        return self.num_layers - self.num_attention_layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether any layer is linear attention (a fixed state per sequence)."""
+        return self.num_linear_layers > 0
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each attention head that RoPE rotates (the rest pass through)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of a linear layer's convolution: its queries, keys and values."""
+        return (2 * self.linear_num_key_heads * self.linear_key_head_dim
+                + self.linear_num_value_heads * self.linear_value_head_dim)
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -104,6 +198,8 @@ class ModelConfig:
             if not isinstance(hf, dict):
                 raise ValueError(f"{path} debe contener un objeto JSON (claves como model_type, "
                                  f"hidden_size...); contiene un {type(hf).__name__}")
+        if hf.get("model_type") in _HYBRID_WRAPPERS and isinstance(hf.get("text_config"), dict):
+            hf = {"model_type": f"{hf['model_type']}_text", **hf["text_config"]}
         model_type = hf.get("model_type")
         act = hf.get("hidden_act", hf.get("hidden_activation", "silu"))
         if act not in SUPPORTED_ACTIVATIONS:
@@ -117,6 +213,13 @@ class ModelConfig:
         # transformers >= 5 writes RoPE settings under rope_parameters; older files at top level.
         rope = dict(hf.get("rope_parameters") or {})
         rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+        hybrid = model_type == "qwen3_5_text"
+        # Qwen3.5 keeps its partial rotation (and its multimodal sections, which for text reduce
+        # to plain RoPE) under rope_parameters.
+        partial = float(rope.pop("partial_rotary_factor",
+                                 hf.get("partial_rotary_factor", 0.25 if hybrid else 1.0)))
+        for key in ("mrope_section", "mrope_interleaved"):
+            rope.pop(key, None)
         rope_scaling = hf.get("rope_scaling") or (rope if rope else None)
         if rope_scaling is not None:
             rope_scaling = dict(rope_scaling)
@@ -144,19 +247,36 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=qkv_bias,
             o_proj_bias=o_bias,
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_5_text"),
             max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
             model_type=model_type,
             name=name or hf.get("_name_or_path") or model_type,
             source="config.json",
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=eos,
+            partial_rotary_factor=partial,
+            **(cls._hybrid_fields(hf) if hybrid else {}),
         )
+
+    @staticmethod
+    def _hybrid_fields(hf: dict[str, Any]) -> dict[str, Any]:
+        """The Qwen3.5 fields of a ``config.json``: layer types (Hugging Face's default, every
+        ``full_attention_interval``-th layer full attention, when the list is absent) and the
+        linear layers' sizes."""
+        layer_types = hf.get("layer_types")
+        if layer_types is None:
+            interval = int(hf.get("full_attention_interval", 4))
+            layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                           for i in range(int(hf["num_hidden_layers"]))]
+        return {"layer_types": tuple(layer_types), "attn_output_gate": True,
+                "zero_centered_norm": True,
+                **{name: hf.get(name) for name in _LINEAR_FIELDS}}
 
     def to_hf_config(self) -> dict[str, Any]:
         """The inverse of ``from_hf_config``: a ``config.json`` dict that transformers can load."""
         arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                "qwen3_5_text": "Qwen3_5ForCausalLM"}[self.model_type]
         hf: dict[str, Any] = {
             "architectures": [arch],
             "model_type": self.model_type,
@@ -177,6 +297,13 @@ class ModelConfig:
         }
         if self.rope_scaling:
             hf["rope_scaling"] = dict(self.rope_scaling)
+        if self.model_type == "qwen3_5_text":
+            del hf["rope_theta"]
+            hf["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta,
+                                     "partial_rotary_factor": self.partial_rotary_factor,
+                                     **(self.rope_scaling or {})}
+            hf["layer_types"] = list(self.layer_kinds)
+            hf.update({name: getattr(self, name) for name in _LINEAR_FIELDS})
         if self.bos_token_id is not None:
             hf["bos_token_id"] = self.bos_token_id
         if self.eos_token_id is not None:

@@ -1,4 +1,5 @@
-"""A Llama/Mistral/Qwen2/Qwen3 decoder in plain PyTorch.
+"""A Llama/Mistral/Qwen2/Qwen3 decoder in plain PyTorch, and the Qwen3.5 hybrid (its
+``linear_attention`` layers are Gated DeltaNet, ``model.linear_attention``).
 
 Module names mirror Hugging Face's state-dict keys (``model.layers.0.self_attn.q_proj.weight``
 ...) so that a checkpoint loads with a plain ``load_state_dict``, without renaming.
@@ -14,23 +15,10 @@ from torch import Tensor, nn
 
 from .attention import AttentionFn, ContiguousKVCache, cached_attention, causal_attention
 from .config import ModelConfig
+from .linear_attention import GatedDeltaNet, LinearAttentionState
+from .norm import RMSNorm
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.dtype == torch.float32 == self.weight.dtype:  # one kernel, scale included
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        # Normalize in float32 and round back before scaling, as Hugging Face does, so that
-        # bf16/fp16 outputs round the same way as theirs.
-        y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-        return self.weight * y
 
 
 def rope_inv_freq(config: ModelConfig, device: torch.device | str = "cpu") -> Tensor:
@@ -40,7 +28,7 @@ def rope_inv_freq(config: ModelConfig, device: torch.device | str = "cpu") -> Te
     exceeds the original context are divided by ``factor``, the high ones are kept, and the band in
     between is interpolated smoothly, so the model reaches ``factor`` x its training context.
     """
-    dim = config.head_dim
+    dim = config.rotary_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
     inv_freq = 1.0 / (config.rope_theta ** exponents)
     scaling = config.rope_scaling
@@ -109,8 +97,13 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """``x`` ``[B, H, T, D]`` rotated by its tokens' angles (Hugging Face's rotate-half layout)."""
-    return torch.addcmul(x * cos, rotate_half(x), sin)
+    """``x`` ``[B, H, T, D]`` rotated by its tokens' angles (Hugging Face's rotate-half layout).
+    With partial rotation (``cos`` narrower than ``D``) only the first dimensions turn."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return torch.addcmul(x * cos, rotate_half(x), sin)
+    turned, kept = x[..., :r], x[..., r:]
+    return torch.cat((torch.addcmul(turned * cos, rotate_half(turned), sin), kept), dim=-1)
 
 
 class Attention(nn.Module):
@@ -119,20 +112,26 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         h, q_dim, kv_dim = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-        self.q_proj = nn.Linear(h, q_dim, bias=config.attention_bias)
+        # With an output gate (Qwen3.5), q_proj yields each head's query then its gate.
+        self.gated = config.attn_output_gate
+        self.q_proj = nn.Linear(h, q_dim * (2 if self.gated else 1), bias=config.attention_bias)
         self.k_proj = nn.Linear(h, kv_dim, bias=config.attention_bias)
         self.v_proj = nn.Linear(h, kv_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_dim, h, bias=config.o_proj_bias)
         if config.qk_norm:
-            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.zero_centered_norm)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.zero_centered_norm)
         else:
             self.q_norm = self.k_norm = None
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor,
                 kv: tuple[Tensor, Tensor] | None, attn_fn: AttentionFn) -> Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)     # [B, T, H, D]
+        gate = None
+        if self.gated:
+            q, gate = self.q_proj(x).view(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        else:
+            q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [B, T, H, D]
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, D]
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)  # [B, T, Hkv, D]
         if self.q_norm is not None:
@@ -147,6 +146,8 @@ class Attention(nn.Module):
         else:
             out = attn_fn(q, k, v, kv[0], kv[1], positions)               # [B, H, T, D]
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
+        if gate is not None:
+            out = out * torch.sigmoid(gate.reshape(B, T, -1))
         return self.o_proj(out)
 
 
@@ -162,16 +163,30 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """Norm, token mixer, residual; norm, MLP, residual. The mixer is ``self_attn`` (softmax
+    attention) or, for a ``linear_attention`` layer, ``linear_attn`` (Gated DeltaNet)."""
+
+    def __init__(self, config: ModelConfig, index: int = 0) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        zc = config.zero_centered_norm
+        self.is_linear = config.layer_kinds[index] == "linear_attention"
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zc)
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(config)
+        else:
+            self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, zc)
         self.mlp = MLP(config)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor,
                 kv: tuple[Tensor, Tensor] | None, attn_fn: AttentionFn) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, kv, attn_fn)
+        """``kv``: this layer's cache, the KV pair of an attention layer or the
+        ``(conv, recurrent)`` state of a linear one (None: no cache)."""
+        h = self.input_layernorm(x)
+        if self.is_linear:
+            x = x + self.linear_attn(h, kv)
+        else:
+            x = x + self.self_attn(h, cos, sin, positions, kv, attn_fn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -181,8 +196,8 @@ class DecoderStack(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
         self.rotary_emb = RotaryEmbedding(config)
 
 
@@ -204,15 +219,22 @@ class Transformer(nn.Module):
 
     def hidden_states(self, input_ids: Tensor, positions: Tensor | None = None,
                       kv_cache: ContiguousKVCache | None = None,
-                      attn_fn: AttentionFn | None = None) -> Tensor:
+                      attn_fn: AttentionFn | None = None,
+                      state: LinearAttentionState | None = None) -> Tensor:
         """``input_ids`` ``[B, T]`` -> final-norm hidden states ``[B, T, hidden]``.
 
         ``positions`` ``[B, T]`` are the tokens' absolute positions (default ``0..T-1`` in every
         row). Without ``kv_cache`` the T tokens attend causally to each other only. With it, every
-        layer calls ``(attn_fn or cached_attention)(q, k, v, k_cache_i, v_cache_i, positions)``,
-        which stores the new K/V in the cache and attends to everything up to each position.
-        Any object with ``layer(i) -> (k, v)`` can stand for the cache when ``attn_fn`` knows
-        its layout (the engine passes its ``BlockKVCache`` with all tokens in one row, ``B = 1``).
+        attention layer calls ``(attn_fn or cached_attention)(q, k, v, k_cache_a, v_cache_a,
+        positions)``, which stores the new K/V in the cache and attends to everything up to each
+        position; ``a`` counts attention layers only (a hybrid's cache has no entry for its
+        linear layers). Any object with ``layer(a) -> (k, v)`` can stand for the cache when
+        ``attn_fn`` knows its layout (the engine passes its ``BlockKVCache`` with all tokens in
+        one row, ``B = 1``).
+
+        A hybrid's linear layers read and update ``state`` (``LinearAttentionState``, one row per
+        batch row, holding what the sequences saw before these tokens); a hybrid takes both
+        caches or neither.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids debe tener forma [B, T]; tiene {tuple(input_ids.shape)}")
@@ -225,13 +247,34 @@ class Transformer(nn.Module):
             raise ValueError("attn_fn solo se usa con una caché KV: pase también kv_cache=")
         if isinstance(kv_cache, ContiguousKVCache) and kv_cache.batch_size != B:
             raise ValueError(f"kv_cache tiene batch_size={kv_cache.batch_size} pero input_ids tiene {B} filas")
+        self._check_state(state, kv_cache, B)
         attn_fn = attn_fn or cached_attention
         x = self.model.embed_tokens(input_ids)                            # [B, T, hidden]
         cos, sin = self.model.rotary_emb(positions, x.dtype)               # [B, 1, T, D]
-        for i, layer in enumerate(self.model.layers):
-            kv = None if kv_cache is None else kv_cache.layer(i)
-            x = layer(x, cos, sin, positions, kv, attn_fn)
+        n_attn = n_linear = 0
+        for layer in self.model.layers:
+            if layer.is_linear:
+                cache = None if state is None else state.layer(n_linear)
+                n_linear += 1
+            else:
+                cache = None if kv_cache is None else kv_cache.layer(n_attn)
+                n_attn += 1
+            x = layer(x, cos, sin, positions, cache, attn_fn)
         return self.model.norm(x)
+
+    def _check_state(self, state: LinearAttentionState | None, kv_cache, batch: int) -> None:
+        config = self.config
+        if state is not None and not config.is_hybrid:
+            raise ValueError(f"state= es el estado de las capas de atención lineal; {config.name} "
+                             "no tiene ninguna (layer_types solo full_attention)")
+        if config.is_hybrid and config.num_attention_layers and (state is None) != (kv_cache is None):
+            raise ValueError(
+                "un modelo híbrido guarda dos cosas por secuencia: la caché KV de sus capas de "
+                "atención y el estado fijo de sus capas lineales; pase kv_cache= y state= juntos "
+                "(o ninguno, para una pasada sin caché)")
+        if state is not None and state.batch_size != batch:
+            raise ValueError(f"state tiene batch_size={state.batch_size} pero input_ids tiene "
+                             f"{batch} filas")
 
     def logits(self, hidden: Tensor) -> Tensor:
         """``[..., hidden]`` -> ``[..., vocab]``."""
@@ -239,9 +282,10 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
                 kv_cache: ContiguousKVCache | None = None,
-                attn_fn: AttentionFn | None = None) -> Tensor:
-        """``input_ids`` ``[B, T]`` -> logits ``[B, T, vocab]``."""
-        return self.logits(self.hidden_states(input_ids, positions, kv_cache, attn_fn))
+                attn_fn: AttentionFn | None = None,
+                state: LinearAttentionState | None = None) -> Tensor:
+        """``input_ids`` ``[B, T]`` -> logits ``[B, T, vocab]`` (arguments: ``hidden_states``)."""
+        return self.logits(self.hidden_states(input_ids, positions, kv_cache, attn_fn, state))
 
     def num_parameters(self) -> int:
         """Parameters, counting a tied lm_head once."""

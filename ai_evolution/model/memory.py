@@ -1,6 +1,10 @@
 """Memory arithmetic on a ModelConfig: weight bytes, KV-cache bytes and how many sequences fit.
 
 All sizes are in bytes (GB = 1e9 bytes, GiB = 2**30 bytes; the names say which).
+
+A hybrid decoder (``config.layer_types`` with ``linear_attention`` layers) pays two kinds of
+per-sequence memory: KV bytes per token for its attention layers only, and a fixed state per
+sequence for its linear layers (``state_bytes_per_sequence``), whatever the sequence's length.
 """
 
 from __future__ import annotations
@@ -135,17 +139,32 @@ def parse_weight_format(name: str | WeightFormat, group_size: int | None = None)
     return WeightFormat(key, group_size)
 
 
+def _attention_linears(config: ModelConfig) -> list[tuple[str, int, int]]:
+    h, hd = config.hidden_size, config.head_dim
+    q, kv = config.num_heads * hd, config.num_kv_heads * hd
+    q_out = 2 * q if config.attn_output_gate else q  # queries and their output gate
+    return [("self_attn.q_proj", q_out, h), ("self_attn.k_proj", kv, h),
+            ("self_attn.v_proj", kv, h), ("self_attn.o_proj", h, q)]
+
+
+def _linear_attention_linears(config: ModelConfig) -> list[tuple[str, int, int]]:
+    h, hv = config.hidden_size, config.linear_num_value_heads
+    value_dim = hv * config.linear_value_head_dim
+    return [("linear_attn.in_proj_qkv", config.linear_conv_dim, h),
+            ("linear_attn.in_proj_z", value_dim, h), ("linear_attn.in_proj_b", hv, h),
+            ("linear_attn.in_proj_a", hv, h), ("linear_attn.out_proj", h, value_dim)]
+
+
 def linear_shapes(config: ModelConfig) -> list[tuple[str, int, int]]:
     """``(name, out_features, in_features)`` of every ``nn.Linear`` of the decoder, in module
     order, lm_head last (listed even when it is tied to the embedding table)."""
-    h, hd, inter = config.hidden_size, config.head_dim, config.intermediate_size
-    q, kv = config.num_heads * hd, config.num_kv_heads * hd
-    per_layer = [("self_attn.q_proj", q, h), ("self_attn.k_proj", kv, h),
-                 ("self_attn.v_proj", kv, h), ("self_attn.o_proj", h, q),
-                 ("mlp.gate_proj", inter, h), ("mlp.up_proj", inter, h),
-                 ("mlp.down_proj", h, inter)]
-    shapes = [(f"model.layers.{i}.{n}", o, k) for i in range(config.num_layers)
-              for n, o, k in per_layer]
+    h, inter = config.hidden_size, config.intermediate_size
+    mlp = [("mlp.gate_proj", inter, h), ("mlp.up_proj", inter, h), ("mlp.down_proj", h, inter)]
+    shapes = []
+    for i, kind in enumerate(config.layer_kinds):
+        mixer = (_linear_attention_linears(config) if kind == "linear_attention"
+                 else _attention_linears(config))
+        shapes += [(f"model.layers.{i}.{n}", o, k) for n, o, k in mixer + mlp]
     return shapes + [("lm_head", config.vocab_size, h)]
 
 
@@ -172,18 +191,25 @@ def param_count(config: ModelConfig) -> int:
     """Parameters of the decoder, counting a tied lm_head once."""
     h, hd = config.hidden_size, config.head_dim
     q, kv = config.num_heads * hd, config.num_kv_heads * hd
-    attn = h * q + 2 * h * kv + q * h
+    attn = sum(o * k for _, o, k in _attention_linears(config))
     if config.attention_bias:
-        attn += q + 2 * kv
+        attn += (2 * q if config.attn_output_gate else q) + 2 * kv
     if config.o_proj_bias:
         attn += h
     if config.qk_norm:
         attn += 2 * hd
+    linear = 0
+    if config.is_hybrid:
+        linear = (sum(o * k for _, o, k in _linear_attention_linears(config))
+                  + config.linear_conv_dim * config.linear_conv_kernel_dim       # conv1d
+                  + 2 * config.linear_num_value_heads                            # dt_bias, A_log
+                  + config.linear_value_head_dim)                                # gated norm
     mlp = 3 * h * config.intermediate_size
-    layer = attn + mlp + 2 * h  # two RMSNorm weights
+    norms = 2 * h  # two RMSNorm weights per layer
     embed = config.vocab_size * h
     head = 0 if config.tie_word_embeddings else config.vocab_size * h
-    return config.num_layers * layer + embed + head + h  # + final norm
+    return (config.num_attention_layers * attn + config.num_linear_layers * linear
+            + config.num_layers * (mlp + norms) + embed + head + h)  # + final norm
 
 
 def weight_bytes(config: ModelConfig, dtype: str | torch.dtype = "bf16", *,
@@ -204,18 +230,49 @@ def weight_bytes(config: ModelConfig, dtype: str | torch.dtype = "bf16", *,
 
 def kv_bytes_per_token(config: ModelConfig, dtype: str | torch.dtype = "bf16",
                        scale_dtype: str | torch.dtype | None = None) -> float:
-    """KV-cache bytes one token occupies: 2 (K and V) x layers x kv_heads x head_dim x bytes;
-    with ``scale_dtype`` (a quantized cache such as int8), plus one scale of that dtype per K
-    and V head (``model.kv_quant``)."""
+    """KV-cache bytes one token occupies: 2 (K and V) x attention layers x kv_heads x head_dim
+    x bytes (a hybrid's linear layers keep no per-token cache: see
+    ``state_bytes_per_sequence``); with ``scale_dtype`` (a quantized cache such as int8), plus
+    one scale of that dtype per K and V head (``model.kv_quant``)."""
     per_head = config.head_dim * dtype_bytes(dtype)
     if scale_dtype is not None:
         per_head += dtype_bytes(scale_dtype)
-    return 2 * config.num_layers * config.num_kv_heads * per_head
+    return 2 * config.num_attention_layers * config.num_kv_heads * per_head
+
+
+# llama.cpp and vLLM keep a linear layer's state in float32 whatever the weights' dtype.
+DEFAULT_STATE_DTYPE = "float32"
+
+
+def recurrent_state_bytes(config: ModelConfig, dtype: str | torch.dtype = DEFAULT_STATE_DTYPE) -> float:
+    """Bytes of the delta-rule matrices of one sequence: linear layers x value heads x
+    key_head_dim x value_head_dim x bytes (0 for a plain transformer)."""
+    if not config.is_hybrid:
+        return 0.0
+    return (config.num_linear_layers * config.linear_num_value_heads * config.linear_key_head_dim
+            * config.linear_value_head_dim * dtype_bytes(dtype))
+
+
+def conv_state_bytes(config: ModelConfig, dtype: str | torch.dtype = DEFAULT_STATE_DTYPE) -> float:
+    """Bytes of the convolution windows of one sequence: linear layers x channels (queries, keys
+    and values) x (kernel - 1) past inputs x bytes (0 for a plain transformer)."""
+    if not config.is_hybrid:
+        return 0.0
+    return (config.num_linear_layers * config.linear_conv_dim
+            * (config.linear_conv_kernel_dim - 1) * dtype_bytes(dtype))
+
+
+def state_bytes_per_sequence(config: ModelConfig,
+                             dtype: str | torch.dtype = DEFAULT_STATE_DTYPE) -> float:
+    """The fixed state of one sequence, paid the same at 10 tokens as at 10 000: recurrent
+    state plus convolution state (what ``linear_attention.LinearAttentionState`` holds)."""
+    return recurrent_state_bytes(config, dtype) + conv_state_bytes(config, dtype)
 
 
 def kv_bytes(config: ModelConfig, num_tokens: int, batch_size: int = 1,
              dtype: str | torch.dtype = "bf16") -> float:
-    """KV-cache bytes of ``batch_size`` sequences of ``num_tokens`` tokens each."""
+    """KV-cache bytes of ``batch_size`` sequences of ``num_tokens`` tokens each (a hybrid's
+    state comes on top: ``state_bytes_per_sequence``)."""
     return kv_bytes_per_token(config, dtype) * num_tokens * batch_size
 
 
@@ -225,7 +282,9 @@ class MemoryBudget:
 
     ``static_slots``: sequences that fit when each reserves ``max_len`` tokens up front
     (contiguous reservation). ``on_demand_sequences``: sequences that fit when each holds only the
-    ``typical_len`` tokens it really has (paged, on-demand allocation).
+    ``typical_len`` tokens it really has (paged, on-demand allocation). Both count, per sequence,
+    a hybrid's fixed state (``state_bytes_per_sequence``, 0 for a plain transformer) besides its
+    tokens' KV. ``max_tokens``: KV tokens the budget holds with no state at all.
     """
 
     gpu_memory_bytes: float
@@ -238,6 +297,7 @@ class MemoryBudget:
     static_slots: int
     on_demand_sequences: int
     max_tokens: int
+    state_bytes_per_sequence: float = 0.0
 
 
 def memory_budget(config: ModelConfig, gpu_memory_bytes: float, *, max_len: int,
@@ -245,14 +305,15 @@ def memory_budget(config: ModelConfig, gpu_memory_bytes: float, *, max_len: int,
                   dtype: str | torch.dtype = "bf16", kv_dtype: str | torch.dtype | None = None,
                   weights_bytes: float | None = None,
                   weight_format: str | WeightFormat | None = None,
-                  kv_scale_dtype: str | torch.dtype | None = None) -> MemoryBudget:
+                  kv_scale_dtype: str | torch.dtype | None = None,
+                  state_dtype: str | torch.dtype = DEFAULT_STATE_DTYPE) -> MemoryBudget:
     """Sequences that fit in ``utilization`` x ``gpu_memory_bytes`` once the weights are loaded.
 
     ``weights_bytes`` overrides the exact weight size computed from the config (for example the
     nominal "7B x 2 bytes = 14 GB" of a back-of-the-envelope estimate). ``weight_format``: the
     weights are quantized (see ``weight_bytes``); the KV cache stays at ``kv_dtype or dtype``
     (``kv_scale_dtype``: a quantized cache's per token-and-head scales, see
-    ``kv_bytes_per_token``).
+    ``kv_bytes_per_token``). A hybrid's state per sequence is counted at ``state_dtype``.
     """
     if not 0 < utilization <= 1:
         raise ValueError(f"utilization debe estar en (0, 1]; se recibió {utilization}")
@@ -269,11 +330,13 @@ def memory_budget(config: ModelConfig, gpu_memory_bytes: float, *, max_len: int,
             f"{es(gpu_memory_bytes / 1e9, 2)} GB: no queda sitio para la caché KV"
         )
     per_token = kv_bytes_per_token(config, dtype if kv_dtype is None else kv_dtype, kv_scale_dtype)
+    state = state_bytes_per_sequence(config, state_dtype)
     return MemoryBudget(
         gpu_memory_bytes=float(gpu_memory_bytes), utilization=utilization, weight_bytes=w,
         kv_budget_bytes=budget, kv_bytes_per_token=per_token, max_len=max_len,
         typical_len=typical_len,
-        static_slots=math.floor(budget / (per_token * max_len)),
-        on_demand_sequences=math.floor(budget / (per_token * typical_len)),
+        static_slots=math.floor(budget / (per_token * max_len + state)),
+        on_demand_sequences=math.floor(budget / (per_token * typical_len + state)),
         max_tokens=math.floor(budget / per_token),
+        state_bytes_per_sequence=state,
     )

@@ -63,6 +63,30 @@ _PRESETS: dict[str, ModelConfig] = {
         rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=8192,
         source=_HF.format("HuggingFaceTB/SmolLM2-135M"),
     ),
+    # Qwen3.5-9B, the seed article's hybrid: 32 layers, every 4th full attention (8 of 32), the
+    # other 24 Gated DeltaNet. The sizes are transformers' Qwen3_5TextConfig defaults, which its
+    # docstring calls "the Qwen3.5-9B style configuration" (transformers 5.x,
+    # models/qwen3_5/configuration_qwen3_5.py), and reproduce the seed's measured 32 KiB/token
+    # and 48 MiB/sequence: hidden 4096, intermediate 12288, 16 query and 4 KV heads of
+    # head_dim 256, partial_rotary_factor 0.25, linear layers of 16 key and 32 value heads of
+    # dim 128, conv kernel 4, vocabulary 248320, untied head. rope_theta 1e7 and 262144
+    # positions are the Qwen3.5 family's published values (they do not enter the memory
+    # arithmetic). Source: the text_config of the Hub config.json below (not reachable from the
+    # machine this was written on: re-read it before quoting any other field).
+    # KV: 2 x 8 x 4 x 256 x 2 B (bf16) = 32 KiB/token; state: 24 x 32 x 128 x 128 x 4 B (f32)
+    # = 48 MiB/sequence plus 24 x 8192 x 3 x 4 B = 2,25 MiB of convolution windows.
+    "qwen3.5-9b": ModelConfig(
+        name="qwen3.5-9b", model_type="qwen3_5_text", num_layers=32, hidden_size=4096,
+        num_heads=16, num_kv_heads=4, head_dim=256, intermediate_size=12288, vocab_size=248320,
+        rope_theta=10000000.0, partial_rotary_factor=0.25, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, qk_norm=True, attn_output_gate=True, zero_centered_norm=True,
+        max_position_embeddings=262144,
+        layer_types=tuple(
+            "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(32)),
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        source=_HF.format("Qwen/Qwen3.5-9B"),
+    ),
     # Random-weight config whose fp32 weights (~670 MB read per decode step) far exceed a CPU's
     # last-level cache, so that decode on a laptop is bandwidth-bound (see the roofline chapter).
     "cpu-200m": ModelConfig(

@@ -27,15 +27,25 @@ from typing import Sequence
 import torch
 
 from ..model import ModelConfig, dtype_bytes, kv_bytes_per_token, param_count
-from ..model.memory import WeightFormat, quantized_weight_bytes, unquantized_params
+from ..model.memory import (WeightFormat, linear_shapes, quantized_weight_bytes,
+                            state_bytes_per_sequence, unquantized_params)
 
 
 def matmul_params(config: ModelConfig) -> int:
-    """Weights that take part in a matmul for every token: attention, MLP and lm_head."""
-    h, hd = config.hidden_size, config.head_dim
-    q, kv = config.num_heads * hd, config.num_kv_heads * hd
-    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
-    return config.num_layers * per_layer + config.vocab_size * h
+    """Weights that take part in a matmul for every token: every linear layer (attention or
+    linear-attention projections, MLP) and lm_head."""
+    return sum(o * k for _, o, k in linear_shapes(config))
+
+
+def state_flops_per_token(config: ModelConfig) -> float:
+    """FLOPs of a hybrid's linear layers beyond their projections, per token: the convolution
+    (2 x kernel per channel) and the delta-rule update of each ``Dk x Dv`` state (decay, read,
+    rank-one write, output read: about 7 per element). 0 for a plain transformer."""
+    if not config.is_hybrid:
+        return 0.0
+    state = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim
+    conv = 2 * config.linear_conv_kernel_dim * config.linear_conv_dim
+    return config.num_linear_layers * (7 * state + conv)
 
 
 def weight_bytes_read(config: ModelConfig, dtype: str | torch.dtype = "bf16",
@@ -63,10 +73,11 @@ class StepCost:
     weight_bytes: float
     kv_bytes: float
     num_seqs: int = 1
+    state_bytes: float = 0.0  # a hybrid's per-sequence state, read and written back
 
     @property
     def bytes(self) -> float:
-        return self.weight_bytes + self.kv_bytes
+        return self.weight_bytes + self.kv_bytes + self.state_bytes
 
     @property
     def intensity(self) -> float:
@@ -83,7 +94,10 @@ def step_cost(config: ModelConfig, query_lens: Sequence[int], context_lens: Sequ
     linear weights are quantized (``weight_bytes_read``); FLOPs are the same.
 
     Attention: each new token at position p scores against p+1 keys and mixes p+1 values, i.e.
-    4 x heads x head_dim x (p+1) FLOPs per layer. KV bytes: each sequence's whole cache read once.
+    4 x heads x head_dim x (p+1) FLOPs per attention layer. KV bytes: each sequence's whole cache
+    read once. A hybrid's linear layers add ``state_flops_per_token`` per token and read and write
+    each sequence's state once per step (float32, ``state_bytes_per_sequence``), whatever its
+    length.
     """
     if len(query_lens) != len(context_lens) or not query_lens:
         raise ValueError("query_lens y context_lens no pueden estar vacías y deben tener la misma longitud")
@@ -93,12 +107,14 @@ def step_cost(config: ModelConfig, query_lens: Sequence[int], context_lens: Sequ
                              f"se recibió q={q}, c={c}")
     tokens = sum(query_lens)
     attended = sum(q * (c - q) + q * (q + 1) // 2 for q, c in zip(query_lens, context_lens))
-    attn_flops = 4 * config.num_layers * config.num_heads * config.head_dim * attended
+    attn_flops = 4 * config.num_attention_layers * config.num_heads * config.head_dim * attended
     kv_b = kv_bytes_per_token(config, dtype if kv_dtype is None else kv_dtype) * sum(context_lens)
-    return StepCost(flops=2 * matmul_params(config) * tokens + attn_flops,
+    return StepCost(flops=2 * matmul_params(config) * tokens + attn_flops
+                    + state_flops_per_token(config) * tokens,
                     weight_bytes=weight_bytes_read(config, dtype, tokens,
                                                    weight_format=weight_format), kv_bytes=kv_b,
-                    num_seqs=len(query_lens))
+                    num_seqs=len(query_lens),
+                    state_bytes=2 * state_bytes_per_sequence(config) * len(query_lens))
 
 
 def decode_step_cost(config: ModelConfig, batch_size: int = 1, context_len: int = 0,
