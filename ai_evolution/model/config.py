@@ -8,6 +8,7 @@ onto the other for the Llama, Mistral, Qwen2 and Qwen3 families.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -143,12 +144,13 @@ class ModelConfig:
         return self.num_heads // self.num_kv_heads
 
     # --- layer types (hybrid decoders) -------------------------------------------------------
-    @property
+    # Cached per instance (the config is frozen): the simulator asks for them at every step.
+    @functools.cached_property
     def layer_kinds(self) -> tuple[str, ...]:
         """The token mixer of every layer (``layer_types``, or all ``"full_attention"``)."""
         return self.layer_types or ("full_attention",) * self.num_layers
 
-    @property
+    @functools.cached_property
     def attention_layer_ids(self) -> tuple[int, ...]:
         """Indices of the full-attention layers: the only ones with a KV cache."""
         return tuple(i for i, kind in enumerate(self.layer_kinds) if kind == "full_attention")

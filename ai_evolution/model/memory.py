@@ -158,14 +158,18 @@ def _linear_attention_linears(config: ModelConfig) -> list[tuple[str, int, int]]
 def linear_shapes(config: ModelConfig) -> list[tuple[str, int, int]]:
     """``(name, out_features, in_features)`` of every ``nn.Linear`` of the decoder, in module
     order, lm_head last (listed even when it is tied to the embedding table)."""
-    h, inter = config.hidden_size, config.intermediate_size
-    mlp = [("mlp.gate_proj", inter, h), ("mlp.up_proj", inter, h), ("mlp.down_proj", h, inter)]
-    shapes = []
-    for i, kind in enumerate(config.layer_kinds):
-        mixer = (_linear_attention_linears(config) if kind == "linear_attention"
-                 else _attention_linears(config))
-        shapes += [(f"model.layers.{i}.{n}", o, k) for n, o, k in mixer + mlp]
-    return shapes + [("lm_head", config.vocab_size, h)]
+    shapes = config.__dict__.get("_linear_shapes")  # computed once per (frozen) config
+    if shapes is None:
+        h, inter = config.hidden_size, config.intermediate_size
+        mlp = [("mlp.gate_proj", inter, h), ("mlp.up_proj", inter, h), ("mlp.down_proj", h, inter)]
+        shapes = []
+        for i, kind in enumerate(config.layer_kinds):
+            mixer = (_linear_attention_linears(config) if kind == "linear_attention"
+                     else _attention_linears(config))
+            shapes += [(f"model.layers.{i}.{n}", o, k) for n, o, k in mixer + mlp]
+        shapes = (*shapes, ("lm_head", config.vocab_size, h))
+        object.__setattr__(config, "_linear_shapes", shapes)
+    return list(shapes)
 
 
 def unquantized_params(config: ModelConfig) -> int:

@@ -34,7 +34,11 @@ from ..model.memory import (WeightFormat, linear_shapes, quantized_weight_bytes,
 def matmul_params(config: ModelConfig) -> int:
     """Weights that take part in a matmul for every token: every linear layer (attention or
     linear-attention projections, MLP) and lm_head."""
-    return sum(o * k for _, o, k in linear_shapes(config))
+    total = config.__dict__.get("_matmul_params")  # computed once per (frozen) config
+    if total is None:
+        total = sum(o * k for _, o, k in linear_shapes(config))
+        object.__setattr__(config, "_matmul_params", total)
+    return total
 
 
 def state_flops_per_token(config: ModelConfig) -> float:
