@@ -83,14 +83,16 @@ def es_bytes(n: float, decimals: int = 2) -> str:
     return f"{es(n, 0)} B"
 
 
-def es_bytes_column(values, decimals: int = 2) -> list[str]:
-    """Byte counts for one column of a table, all in one binary unit (KiB, MiB or GiB, the one
-    that fits the largest), so a column never mixes kB with KiB or MB with MiB."""
-    values = [float(v) for v in values]
-    top = max(values, default=0.0)
-    unit, size = next(((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20)) if top >= s),
-                      ("KiB", 2**10))
-    return [f"{es(v / size, decimals)} {unit}" for v in values]
+def es_bytes_column(values, digits: int = 3) -> list[str]:
+    """Byte counts for one column of a table, every one in a binary unit (KiB, MiB or GiB, the
+    largest that keeps the value at 1 or more) with ``digits`` significant digits: a column
+    never mixes kB with KiB or MB with MiB, and its small values stay readable."""
+    out = []
+    for v in (float(v) for v in values):
+        unit, size = next(((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20)) if abs(v) >= s),
+                          ("KiB", 2**10))
+        out.append(f"{es_sig(v / size, digits)} {unit}")
+    return out
 
 
 def table(rows: list[dict], columns: list[tuple]) -> str:

@@ -49,6 +49,7 @@ def test_counts_take_the_number_of_their_noun():
 
 def test_a_byte_column_keeps_one_binary_unit():
     from ai_evolution.fmt import es_bytes_column
-    assert es_bytes_column([1000, 2**20, 3 * 2**20 + 5]) == ["0,00 MiB", "1,00 MiB", "3,00 MiB"]
-    assert es_bytes_column([512, 2048]) == ["0,50 KiB", "2,00 KiB"]
-    assert es_bytes_column([2**31]) == ["2,00 GiB"]
+    assert es_bytes_column([1000, 2**20, 3 * 2**20 + 5]) == ["0,977 KiB", "1 MiB", "3 MiB"]
+    assert es_bytes_column([512, 2048, 2.36e6]) == ["0,5 KiB", "2 KiB", "2,25 MiB"]
+    assert es_bytes_column([2**31, 8.61e9]) == ["2 GiB", "8,02 GiB"]
+    assert not any(u in " ".join(es_bytes_column([1e3, 1e6, 1e9])) for u in (" kB", " MB", " GB"))
