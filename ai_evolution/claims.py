@@ -345,7 +345,7 @@ def _claim(kind: str, outcome: str, value: float, inputs: dict, *, phrase: str, 
 
 def compare(a: Sequence[float], b: Sequence[float], *, what: str, higher: str, lower: str,
             inconclusive: str = "", paired: bool = True, level: float = LEVEL, seed: int = 0,
-            decimals: int = 2, q: float = 50.0) -> Claim:
+            decimals: int = 2, q: float = 50.0, pairs: str = "pares intercalados") -> Claim:
     """Is median(a) / median(b) above or below 1? (``paired``: the median of the pairs'
     ratios; ``q``: compare another percentile, e.g. 99 for the tail; say so in ``what``.)
 
@@ -353,7 +353,9 @@ def compare(a: Sequence[float], b: Sequence[float], *, what: str, higher: str, l
     are the conclusions when the whole interval lies above / below 1 and its real coverage is
     at least ``DECISIVE`` (see :func:`ratio_estimate`); otherwise the claim is inconclusive:
     one sample per side always is, and so are 3 pairs (their range covers the median 75 % of
-    the time), whatever they show.
+    the time), whatever they show. ``pairs`` says what a pair is (default: two timings
+    interleaved on this machine; e.g. "pares de cargas con la misma semilla" for simulations
+    paired by seed).
     """
     a, b = [float(x) for x in a], [float(x) for x in b]
     est = ratio_estimate(a, b, paired=paired, level=level, seed=seed, q=q)
@@ -368,13 +370,15 @@ def compare(a: Sequence[float], b: Sequence[float], *, what: str, higher: str, l
             f"con {f'{est.n} pares' if paired else f'{len(a)} y {len(b)} mediciones'} solo "
             f"hay un rango, no un veredicto" if not est.decisive else
             "el intervalo contiene el 1: con este ruido la diferencia no es concluyente")
-    n_text = (f"{est.n} pares intercalados" if paired else f"{len(a)} y {len(b)} mediciones")
+    n_text = (f"{est.n} {pairs}" if paired else f"{len(a)} y {len(b)} mediciones")
     interval = "" if est.n < 2 else est.interval_phrase(decimals)
     verdict = {HIGHER: "mayor que 1", LOWER: "menor que 1"}.get(
         outcome, "no concluyente" if est.decisive else "sin veredicto")
     inputs = {"a": a, "b": b, "what": what, "higher": higher, "lower": lower,
               "inconclusive": inconclusive, "paired": paired, "level": level, "seed": seed,
               "decimals": decimals, "q": q}
+    if pairs != "pares intercalados":   # older contracts rebuild without the key
+        inputs["pairs"] = pairs
     return _claim("compare", outcome, est.median, inputs, phrase=phrase, what=what,
                   shown=f"{es(est.median, decimals)} veces", interval=interval,
                   n=n_text if est.n >= 2 else "1 medición", method=METHOD_TEXT[est.method],

@@ -147,6 +147,17 @@ def test_compare_a_tail_percentile():
     assert claims.recheck(claims.compare(tail, body, paired=False, q=99, **PHRASES).evidence("x")) == []
 
 
+
+def test_compare_names_what_a_pair_is_and_rebuilds_with_it():
+    a, b = [2, 2.1, 2.2, 2.05, 2.15], [1, 1.1, 1.0, 1.05, 1.02]
+    usual = claims.compare(a, b, **PHRASES)
+    assert "5 pares intercalados" in usual.text and "pairs" not in usual.inputs
+    seeded = claims.compare(a, b, pairs="pares de cargas con la misma semilla", **PHRASES)
+    assert "5 pares de cargas con la misma semilla" in seeded.text
+    assert "intercalados" not in seeded.text and seeded.outcome == usual.outcome
+    item = json.loads(json.dumps(seeded.evidence("x")))
+    assert claims.recheck(item) == [] and claims.rebuild(item["claim"]).text == seeded.text
+
 # --- intervals print the coverage they have ----------------------------------------------------
 def test_order_interval_coverage_is_the_binomial_sum():
     # Three values: the widest interval is min-max, which covers the median 75 % of the time.
