@@ -388,8 +388,11 @@ def test_chunked_body_over_the_cap_is_refused_as_it_arrives(server, http):
     assert status == 413 and "máximo es 4194304" in body["error"]["message"], body
     assert set(body["error"]) == {"message", "type", "param", "code"}
     assert "connection: close" in head_text.lower()
-    # refused once the cap was crossed, not after reading all 48 MiB
-    assert cap < sent < cap + 8 * 2**20 and time.monotonic() - start < 20
+    # refused once the cap was crossed, not after reading all 48 MiB: what the client got out
+    # beyond the cap is what the socket buffers held (megabytes on loopback, more while the
+    # machine is busy and the answer is late), far below the 44 MiB a server reading the whole
+    # body would have let through
+    assert cap < sent < cap + 16 * 2**20 and time.monotonic() - start < 20
     # a declared Content-Length over the cap is refused before a byte of body is read
     status, body, _, _ = _raw_post(server.base_url, head.replace(
         "Transfer-Encoding: chunked", f"Content-Length: {cap + 1}"), [])
