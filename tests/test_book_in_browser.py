@@ -24,6 +24,7 @@ The book is the one the suite builds once (``built_book``). Chromium comes from 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import http.server
 import re
 import shutil
@@ -102,6 +103,34 @@ CHECK_PAGE = r"""
         const longest = pre.textContent.split("\n").reduce((a, b) => b.length > a.length ? b : a, "");
         problems.push(`code wider than the column (${pre.scrollWidth} px in ${pre.clientWidth} px): ` +
                       `«${longest.trim().slice(0, 80)}» (${longest.length} characters)`);
+      }
+    }
+    // Each line of code is its own box (_ext/code_lines.py); a wrapped line continues under its
+    // own text, past its indentation, never at the left margin.
+    for (const pre of column.querySelectorAll("div.highlight pre")) {
+      const lines = pre.querySelectorAll(".code-line");
+      if (!lines.length && pre.textContent.trim()) {
+        problems.push(`code not split into lines: «${pre.textContent.trim().slice(0, 60)}»`);
+        continue;
+      }
+      for (const line of lines) {
+        const range = document.createRange();
+        range.selectNodeContents(line);
+        const rects = [...range.getClientRects()].filter(r => r.width > 0);
+        if (!rects.length) continue;
+        const top = Math.min(...rects.map(r => r.top));
+        const next = rects.filter(r => r.top > top + 2);
+        if (!next.length) continue;
+        const start = line.getBoundingClientRect().left + parseFloat(getComputedStyle(line).paddingLeft);
+        const indent = line.textContent.length - line.textContent.trimStart().length;
+        const probe = document.createElement("span");
+        probe.textContent = "0".repeat(10);
+        pre.appendChild(probe);
+        const ch = probe.getBoundingClientRect().width / 10;
+        probe.remove();
+        const left = Math.min(...next.map(r => r.left));
+        if (left < start - 1 || left < line.getBoundingClientRect().left + (indent + 1) * ch - 1)
+          problems.push(`a wrapped line of code loses its indentation: «${line.textContent.trim().slice(0, 60)}»`);
       }
     }
     for (const eq of column.querySelectorAll('mjx-container[display="true"]')) {
@@ -209,6 +238,57 @@ def test_the_checker_sees_each_kind_of_problem(tmp_path):
         assert "table#tabla «tabla ancha» does not fit" in text
     assert any(p.startswith("code wider than the column") for p in desktop)
     assert not any(p.startswith("code wider than the column") for p in phone)
+    assert any(p.startswith("code not split into lines") for p in desktop)
+
+
+def test_a_wrapped_line_of_code_keeps_its_indentation(tmp_path):
+    """The book's highlighter output, split by ``_ext/code_lines.py``, with the book's stylesheet:
+    at 1400 px a long indented line wraps and continues four columns past its indentation, the
+    checker finds nothing; the same code unsplit is reported; copying gives the source back."""
+    spec = importlib.util.spec_from_file_location("code_lines", ROOT / "_ext" / "code_lines.py")
+    code_lines = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(code_lines)
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+
+    source = ('def f(x):\n    """Una docstring\n    en dos líneas."""\n\n    if x:\n'
+              '        return una_funcion(' + ", ".join(f"argumento_{i}" for i in range(14)) + ')\n'
+              '    return 1\n')
+    plain = highlight(source, PythonLexer(), HtmlFormatter())
+    split = code_lines.split_code_lines(plain)
+    css = (ROOT / "_ext" / "static" / "book.css").as_uri()
+    no_hang = ".code-line { padding-left: 0 !important; text-indent: 0 !important }"
+    for name, block, extra in (("partido", split, ""), ("entero", plain, ""),
+                               ("sin-sangria", split, no_hang)):
+        (tmp_path / f"{name}.html").write_text(
+            f'<html><head><meta name="viewport" content="width=device-width">'
+            f'<link rel="stylesheet" href="{css}"><style>pre {{ overflow-x: auto }} {extra}</style>'
+            f'</head><body><article class="bd-article" style="max-width: 700px">{block}</article>'
+            f'</body></html>',  # the theme's pre scrolls inside its box
+            encoding="utf-8")
+    found = rendering_problems(tmp_path, ["partido", "entero", "sin-sangria"], _chromium())
+    assert "partido @ escritorio (1400 px)" not in found and "partido @ móvil (390 px)" not in found
+    assert any(p.startswith("code not split into lines") for p in found["entero @ escritorio (1400 px)"])
+    assert any(p.startswith("a wrapped line of code loses its indentation")
+               for p in found["sin-sangria @ escritorio (1400 px)"])
+    with Chromium(_chromium()) as browser:
+        browser.set_viewport(1400, 900, False)
+        browser.open((tmp_path / "partido.html").as_uri())
+        copied, starts = browser.evaluate("""(() => {
+          const pre = document.querySelector("pre");
+          const line = [...pre.querySelectorAll(".code-line")].find(l => l.textContent.includes("una_funcion"));
+          const range = document.createRange(); range.selectNodeContents(line);
+          const lefts = [...range.getClientRects()].filter(r => r.width > 0).map(r => [r.top, r.left]);
+          const first = Math.min(...lefts.map(x => x[0]));
+          const ch = parseFloat(getComputedStyle(line).paddingLeft) / 12;
+          return [pre.cloneNode(true).innerText,
+                  [lefts.filter(x => x[0] > first + 2).map(x => x[1]), line.getBoundingClientRect().left, ch]];
+        })()""")
+    assert copied == source
+    wrapped, left, ch = starts
+    assert wrapped, "the long line should wrap at 700 px"
+    assert min(wrapped) == pytest.approx(left + 12 * ch, abs=1)  # 8 spaces of indentation + 4
 
 
 # --- the book served from a sub-path, as GitHub Pages serves it (https://OWNER.github.io/REPO/) ---
