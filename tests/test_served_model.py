@@ -185,3 +185,41 @@ def test_an_unreadable_checkpoint_falls_back_too(offline_hub, hub_cache, tmp_pat
     with pytest.warns(ServedModelFallback, match="no se puede leer el archivo safetensors"):
         served = load_served_model(REPO)
     assert served.fell_back and served.name == "tiny-es"
+
+
+def test_lab_7_measures_quality_on_the_real_checkpoint_in_the_gpu_profile():
+    param = get_spec("quantization").params["quality_model"]
+    assert param.default_for("gpu") == GPU_TEXT_MODEL
+    assert param.default_for("ci") == param.default_for("cpu") == "tiny-es"
+
+
+def test_lab_7_scores_a_hub_checkpoint_on_tiny_es_held_out_text(offline_hub):
+    from ai_evolution.labs import quantization
+    from ai_evolution.model.shipped_models import held_out_tokens
+
+    model, chunks, served = quantization.quality_text(REPO)
+    assert served == {"model": REPO, "model_requested": REPO, "model_fallback_reason": None}
+    shipped = load_tokenizer("tiny-es")
+    texts = [shipped.decode(c) for c in held_out_tokens("tiny-es")]
+    tokenizer = load_tokenizer(REPO)
+    assert [tokenizer.decode(c) for c in chunks] == texts  # the same text, in its own tokens
+    assert all(max(c) < model.config.vocab_size for c in chunks)
+
+
+def test_lab_7_says_when_its_quality_model_fell_back(empty_offline_hub):
+    from types import SimpleNamespace
+
+    from ai_evolution.labs import quantization
+
+    with pytest.warns(ServedModelFallback):
+        model, chunks, served = quantization.quality_text(GPU_TEXT_MODEL)
+    assert served["model"] == "tiny-es" and served["model_fallback_reason"]
+    quality = {"model": "tiny-es", "served": served, "parameters": 5.0e6, "held_out_tokens": 10,
+               "chunks": 2}
+    f = SimpleNamespace(speed={"model": "cpu-200m", "device": "cpu", "repeats": 5,
+                               "torch_threads": 1},
+                        quality=quality, kv={"model": "tiny-es"}, params={"torch_threads": 1})
+    said = quantization._limitations(f)
+    assert any(s.startswith(f"La calidad se pidió en {GPU_TEXT_MODEL} y se midió en tiny-es "
+                            "(motivo: no se pudo obtener") for s in said)
+    assert "Todo se midió con 1 hilo de torch (parámetro torch_threads)." in said

@@ -33,10 +33,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import claims
-from ..fmt import es, es_bytes
+from ..fmt import es, es_bytes, es_count
 from ..generation import generate
 from ..hardware import default_dtype, measure_stream_bandwidths
-from ..model import get_preset, kv_bytes_per_token, load_model, memory_budget, param_count
+from ..model import (get_preset, kv_bytes_per_token, load_model, load_tokenizer, memory_budget,
+                     param_count)
 from ..model.attention import ContiguousKVCache
 from ..model.memory import (dtype_bytes, linear_shapes, parse_weight_format,
                             quantized_weight_bytes, weight_bytes)
@@ -45,7 +46,7 @@ from ..model.shipped_models import held_out_tokens
 from ..reference.quantization import reference_predict_step_s
 from ..sim import decode_step_cost, weight_bytes_read
 from ..timing import step_times, torch_threads
-from .common import worked_examples
+from .common import GPU_TEXT_MODEL, load_served_model, worked_examples
 from .contract import evidence as _ev, timing_limitation
 from .registry import LabParamError, LabSpec, Param
 
@@ -193,6 +194,37 @@ def quality_ladder(fp32_model, formats: tuple[str, ...] | list[str]) -> list[dic
                 "dtype": "bf16", "weight_format": parse_weight_format(f).name} for f in formats])
 
 
+# The quality measurements' models: the shipped trained model, and (the `gpu` profile) the real
+# checkpoint that labs 2 and 6 serve, with their fallback to tiny-es when it cannot be had.
+QUALITY_MODELS = ("tiny-es", GPU_TEXT_MODEL)
+
+
+def quality_text(name: str) -> tuple[nn.Module, list[list[int]], dict]:
+    """The fp32 model (CPU) whose quality the lab measures, the held-out text in its tokens, and
+    what was served. tiny-es reads its own validation split; a Hub checkpoint reads the same
+    text, decoded from tiny-es's tokens and encoded with its own tokenizer, so both models are
+    scored on one text (their perplexities are not comparable: the tokens differ)."""
+    if name == "tiny-es":
+        served = {"model": name, "model_requested": name, "model_fallback_reason": None}
+        return load_model(name, 0, "cpu").eval(), held_out_tokens(name), served
+    got = load_served_model(name, 0, "cpu", dtype=torch.float32)
+    chunks = held_out_tokens("tiny-es")
+    if not got.fell_back:
+        shipped = load_tokenizer("tiny-es")
+        chunks = [got.tokenizer.encode(shipped.decode(c)) for c in chunks]
+    return got.model.eval(), chunks, got.environment()
+
+
+def _scored(quality: dict) -> str:
+    """The model whose perplexity is quoted; a Hub model is scored on tiny-es's held-out text."""
+    name = quality["model"]
+    return name if name == "tiny-es" else f"{name} (en el texto reservado de tiny-es)"
+
+
+def _with_model(quality: dict) -> str:
+    return "" if quality["model"] == "tiny-es" else f", con {quality['model']}"
+
+
 def measure_quality(params: dict) -> dict:
     """tiny-es on the CPU in every rung of :func:`quality_ladder`: per chunk of the held-out
     text, the summed NLL, the tokens and the top-1 agreement with fp32; greedy continuations of
@@ -202,9 +234,7 @@ def measure_quality(params: dict) -> dict:
 
 
 def _measure_quality(params: dict) -> dict:
-    name = params["quality_model"]
-    chunks = held_out_tokens(name)
-    fp32 = load_model(name, 0, "cpu").eval()
+    fp32, chunks, served = quality_text(params["quality_model"])
     cfg = fp32.config
     ladder = quality_ladder(fp32, params["quality_formats"])
     _, _, ref_top1 = chunk_losses(fp32, chunks)
@@ -232,7 +262,8 @@ def _measure_quality(params: dict) -> dict:
                      "identical_continuations": sum(p == len(x) for p, x in zip(prefix, cont)),
                      "tokens_before_divergence": prefix,
                      "layer_errors": layer_errors(fp32, model)})
-    return {"model": name, "parameters": param_count(cfg), "linear_weights": n_linear,
+    return {"model": served["model"], "served": served, "parameters": param_count(cfg),
+            "linear_weights": n_linear,
             "chunks": len(chunks), "chunk_tokens": [len(c) - 1 for c in chunks],
             "held_out_tokens": sum(len(c) for c in chunks),
             "agreement_prompts": len(prompts), "agreement_prompt_tokens": k,
@@ -301,9 +332,7 @@ def measure_kv(params: dict) -> dict:
     scales): per chunk the summed NLL of each, the largest |logit| difference, top-1 agreement;
     greedy continuations of held-out prompts with each cache."""
     with torch_threads(params["torch_threads"]):
-        name = params["quality_model"]
-        chunks = held_out_tokens(name)
-        model = load_model(name, 0, "cpu").eval()
+        model, chunks, served = quality_text(params["quality_model"])
         out: dict = {"float": {"chunk_nll": []}, "int8": {"chunk_nll": []}}
         diff = top = same = 0.0
         for c in chunks:
@@ -320,7 +349,7 @@ def measure_kv(params: dict) -> dict:
         got = generate(model, prompts, params["agreement_tokens"], kv_dtype="int8")
         counts = [len(c) - 1 for c in chunks]
         cfg = model.config
-        return {"model": name, "dtype": "fp32", "chunk_tokens": counts,
+        return {"model": served["model"], "dtype": "fp32", "chunk_tokens": counts,
                 "held_out_tokens": sum(len(c) for c in chunks),
                 "kv_bytes_per_token": {"fp32": kv_bytes_per_token(cfg, "fp32"),
                                        "int8": kv_bytes_per_token(cfg, "int8", scale_dtype="fp32")},
@@ -529,7 +558,8 @@ def analyse_quality(quality: dict) -> QualityFindings:
             found[f"quality_{r['label']}"] = claims.threshold(
                 est.median, 0.0, below=True, scale=100, unit="%", decimals=2, interval=est,
                 what=(f"aumento de la perplejidad de {r['label']} frente a bf16 en el texto "
-                      f"reservado de {quality['model']} ({es(base['perplexity'], 1)} en bf16)"),
+                      f"reservado de tiny-es{_with_model(quality)} "
+                      f"({es(base['perplexity'], 1)} en bf16)"),
                 passed="no es mayor que la de bf16",
                 failed="la perplejidad sube frente a bf16",
                 inconclusive=("su intervalo contiene el 0: en este texto la diferencia no se "
@@ -720,7 +750,7 @@ def _quality_evidence(f: Findings) -> list[dict]:
     quality, qf = f.quality, f.quality_found
     qrows = qf.rows
     return [
-        _ev(f"Perplejidad de {quality['model']} en {quality['held_out_tokens']} tokens de texto "
+        _ev(f"Perplejidad de {_scored(quality)} en {quality['held_out_tokens']} tokens de texto "
             "que su entrenamiento no vio: " + "; ".join(
                 f"{r['label']} {es(r['perplexity'], 1)}" for r in qrows)
             + ". Frente de Pareto (bytes por peso, perplejidad): "
@@ -773,16 +803,20 @@ def _limitations(f: Findings) -> list[str]:
         "La cuantización es de redondeo al más cercano (por canal o por grupos), sin calibración "
         "con datos ni corrección del error (GPTQ, AWQ): los métodos de producción pierden menos "
         "calidad a igual número de bits.",
-        "La caché KV en int8 se mide en tiny-es con un solo prompt por fragmento; su efecto en "
-        "la velocidad no se mide aquí (la atención la descuantiza entera en cada paso), solo en "
+        f"La caché KV en int8 se mide en {f.kv['model']} con un solo prompt por fragmento; su "
+        "efecto en la velocidad no se mide aquí (la atención la descuantiza entera en cada paso), solo en "
         "los bytes y en la calidad.",
         "Los kernels int8/int4 son los que trae torch para este dispositivo y dtype "
         "(QuantizedLinear.kernel); otro motor, con otros kernels, convierte de otra manera los "
         "bytes ahorrados en tiempo.",
     ]
     if f.params["torch_threads"]:
-        limitations.append(f"Todo se midió con {speed['torch_threads']} hilo(s) de torch "
-                           "(parámetro torch_threads).")
+        limitations.append(f"Todo se midió con {es_count(speed['torch_threads'], 'hilo')} de "
+                           "torch (parámetro torch_threads).")
+    reason = quality.get("served", {}).get("model_fallback_reason")
+    if reason:
+        limitations.append(f"La calidad se pidió en {quality['served']['model_requested']} y se "
+                           f"midió en {quality['model']} (motivo: {reason}).")
     return limitations
 
 
@@ -828,7 +862,9 @@ SPEC = LabSpec(
         "torch_threads": Param(0, int, "hilos de torch durante las mediciones (0: los que elija "
                                "torch)", min=0, max=1024, by_profile={"ci": 1}),
         "quality_model": Param("tiny-es", str, "modelo de las mediciones de calidad (pesos "
-                               "entrenados)", choices=("tiny-es",)),
+                               "entrenados; el del Hub, si no se puede obtener, cede su sitio a "
+                               "tiny-es y el contrato lo dice)", choices=QUALITY_MODELS,
+                               by_profile={"gpu": GPU_TEXT_MODEL}),
         "quality_formats": Param(list(QUALITY_FORMATS), str, "formatos cuantizados cuya calidad "
                                  "se mide", is_list=True,
                                  choices=("int8", "int4-g32", "int4-g64", "int4-asym-g32",
