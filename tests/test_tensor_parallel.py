@@ -286,3 +286,12 @@ def _alive(p: psutil.Process) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_server_flag_uses_vllms_name():
+    from ai_evolution.server.__main__ import engine_config, parser
+
+    assert engine_config(parser().parse_args(["--tensor-parallel-size", "2"])).tensor_parallel_size == 2
+    assert engine_config(parser().parse_args([])).tensor_parallel_size == 1
+    with pytest.raises(ValueError, match="tensor_parallel_size debe ser un entero >= 1"):
+        engine_config(parser().parse_args(["--tensor-parallel-size", "0"]))
