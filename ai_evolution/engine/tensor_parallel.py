@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for
@@ -335,18 +336,24 @@ class TensorParallelRunner(ModelRunner):
                                        f"{proc.exitcode})")
 
     def _worker_errors(self) -> str:
-        """The tracebacks the workers sent, and which ones have died (waits up to a second)."""
+        """The tracebacks the workers sent, and which ones have died (waits up to a second for
+        them: a worker killed by a signal may not be reaped yet when rank 0's collective fails)."""
         reports = []
+        deadline = time.monotonic() + 1.0
         for conn, proc in zip(self.conns, self.procs):
+            ready = wait_for([conn, proc.sentinel], timeout=max(0.0, deadline - time.monotonic()))
+            gone = proc.sentinel in ready
             try:
-                if conn.poll(1.0):
+                if conn.poll():
                     kind, detail = conn.recv()
                     if kind == "error":
                         reports.append(f"Error en el proceso {proc.name}:\n{detail}")
                         continue
-            except (EOFError, OSError):
-                pass
-            if not proc.is_alive():
+            except (EOFError, OSError):  # its end of the pipe closed: it is exiting
+                gone = True
+            if gone:  # its files are closed; wait until it is reaped, for its exit code
+                proc.join(timeout=max(0.1, deadline - time.monotonic()))
+            if gone or not proc.is_alive():
                 reports.append(f"El proceso {proc.name} terminó (código {proc.exitcode}).")
         return " ".join(reports)
 
