@@ -295,3 +295,38 @@ def test_server_flag_uses_vllms_name():
     assert engine_config(parser().parse_args([])).tensor_parallel_size == 1
     with pytest.raises(ValueError, match="tensor_parallel_size debe ser un entero >= 1"):
         engine_config(parser().parse_args(["--tensor-parallel-size", "0"]))
+
+
+def test_four_shards_rebuild_the_layer_and_the_vocabulary(monkeypatch):
+    """N = 4 in one process (no workers): 8 heads, 2 KV heads (each copied on two ranks), a
+    vocabulary of 97 (padded to 100). With the all-reduce left out, each rank's attention and MLP
+    give a partial sum; the four partial sums add up to the full layer's output, and the four
+    vocabulary slices, side by side, are the full lm_head."""
+    n = 4
+    cfg = ModelConfig(num_layers=1, hidden_size=64, num_heads=8, num_kv_heads=2,
+                      intermediate_size=96, vocab_size=97, attention_bias=True, o_proj_bias=True)
+    full = random_model(cfg, seed=2, init_std=0.2)
+    monkeypatch.setattr(dist, "all_reduce", lambda t, *a, **k: None)  # each rank's partial sum
+    from ai_evolution.engine.tensor_parallel import load_shard, shard_state_dict
+    shards = [load_shard(cfg, shard_state_dict(full, r, n), r, n, "cpu", torch.float32)
+              for r in range(n)]
+    torch.manual_seed(0)
+    x = torch.randn(1, 5, cfg.hidden_size)
+    pos = torch.arange(5)[None]
+    cos, sin = full.model.rotary_emb(pos, x.dtype)
+    layer = full.model.layers[0]
+    with torch.no_grad():
+        want_attn = layer.self_attn(x, cos, sin, pos, None, None)
+        want_mlp = layer.mlp(x)
+        bias = layer.self_attn.o_proj.bias
+        got_attn = sum(s.model.layers[0].self_attn(x, cos, sin, pos, None, None) for s in shards)
+        got_mlp = sum(s.model.layers[0].mlp(x) for s in shards)
+        torch.testing.assert_close(got_attn - (n - 1) * bias, want_attn, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_mlp, want_mlp, rtol=1e-5, atol=1e-5)
+        vocab = torch.cat([s.lm_head(x) for s in shards], dim=-1)
+        assert vocab.shape[-1] == 100
+        torch.testing.assert_close(vocab[..., :97], full.lm_head(x), rtol=1e-5, atol=1e-5)
+        assert not vocab[..., 97:].any()
+    kv_rows = [s.model.layers[0].self_attn.k_proj.weight for s in shards]
+    assert torch.equal(kv_rows[0], kv_rows[1]) and torch.equal(kv_rows[2], kv_rows[3])
+    assert not torch.equal(kv_rows[1], kv_rows[2])
