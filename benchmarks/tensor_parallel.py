@@ -15,7 +15,8 @@ TP=2 / TP=1 per pair and its median. On a GPU node TP pays when the weights of o
 are what a decode step waits for; on this CPU both ranks share the same memory bandwidth and
 cores, and every layer adds two all-reduces through the loopback, so TP=2 is expected to be
 slower here: the script measures by how much, and how much of a TP=2 step rank 0 spends inside
-``all_reduce`` (its own sum plus the wait for the other rank).
+``all_reduce`` (its own sum plus the wait for the other rank), beside what one all-reduce of a
+decode step's message costs alone (``measure_allreduce``, two fresh processes doing nothing else).
 
 Exactness: TP=2's greedy tokens must equal TP=1's (exit 1 if not).
 """
@@ -33,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ai_evolution.engine import SamplingParams, build_engine
-from ai_evolution.engine.tensor_parallel import allreduce_bytes_per_step
+from ai_evolution.engine.tensor_parallel import allreduce_bytes_per_step, measure_allreduce
 from ai_evolution.model import load_model
 
 
@@ -91,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.model}: batch {args.batch}, {args.prompt_len} prompt tokens, {args.max_tokens} "
           f"new; {args.threads} thread(s) per rank; all-reduced per "
           f"decode step {payload / 2**10:.0f} KiB in {2 * model.config.num_layers} calls")
+    dtype = next(model.parameters()).dtype
+    alone = measure_allreduce([args.batch * model.config.hidden_size * dtype.itemsize], reps=50,
+                              dtype=dtype, threads=args.threads)[0]
+    print(f"one all-reduce of {alone['bytes'] / 2**10:.0f} KiB alone: median "
+          f"{1e6 * alone['median_s']:.0f} us (min {1e6 * alone['min_s']:.0f} us)")
     ratios, status = [], 0
     try:
         for rep in range(args.reps):
