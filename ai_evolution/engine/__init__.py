@@ -8,7 +8,7 @@ from .config import KV_LAYOUTS, EngineConfig, SpeculativeConfig, build_engine
 from .kv_cache import (ContiguousKVManager, KVCacheManager, KVManager, block_hashes,
                        find_cached_prefix, hash_block)
 from .llm import LLM
-from .llm_engine import Executor, LLMEngine, StepEntry, StepRecord
+from .llm_engine import Executor, ExecutorFailed, LLMEngine, StepEntry, StepRecord
 from .request import (FinishReason, Request, RequestOutput, RequestRejected, RequestStatus,
                       SamplingParams, request_metrics)
 from .runner import BlockKVCache, ModelRunner
@@ -20,7 +20,7 @@ __all__ = [
     "BatchInvariantKernels", "DefaultKernels", "BlockPool", "KVBlock", "KVCacheManager", "KVManager", "block_hashes", "find_cached_prefix",
     "hash_block", "KV_LAYOUTS", "EngineConfig", "SpeculativeConfig", "build_engine",
     "BlockKVCache", "ContiguousKVManager", "LLM", "Executor", "LLMEngine", "StepEntry",
-    "StepRecord", "FinishReason", "Request", "RequestOutput", "RequestRejected", "RequestStatus",
+    "StepRecord", "ExecutorFailed", "FinishReason", "Request", "RequestOutput", "RequestRejected", "RequestStatus",
     "SamplingParams", "request_metrics", "ModelRunner", "POLICIES", "BatchPlan", "Policy",
     "PolicyError", "ScheduledRequest", "Scheduler", "SchedulerOutput", "StepResult",
     "continuous_batching", "static_batching", "newest_unfinished", "tokens_for",

@@ -31,6 +31,7 @@ from .runner import ModelRunner
 from .scheduler import POLICIES, Policy, Scheduler, check_positive_int, check_token_budget
 from .scheduling_policy import SchedulingPolicy, check_scheduling_policy
 from .state_slots import HybridKVManager
+from .tensor_parallel import TensorParallelRunner, check_shardable, check_tensor_parallel_size
 
 KV_LAYOUTS = ("contiguous", "paged")
 DECODE_GRAPHS = ("auto", *GRAPH_BACKENDS, None)
@@ -141,7 +142,9 @@ class EngineConfig:
     the same logits, bit for bit, whatever the batch, at a cost in speed; every step eager.
     ``scheduling_policy``: who is admitted first and who is preempted (chapter 12): ``"fcfs"``,
     ``"priority"`` (vLLM's), ``"vtc"`` (fair share between tenants) or a class that makes a
-    ``SchedulingPolicy``.
+    ``SchedulingPolicy``. ``tensor_parallel_size=N`` (vLLM's name; chapter 13): the model split
+    across N processes with ``torch.distributed`` (``engine/tensor_parallel.py``); N must divide
+    the attention heads, the KV heads (or be a multiple of them) and the MLP width.
     """
 
     max_num_seqs: int = 8
@@ -158,6 +161,7 @@ class EngineConfig:
     decode_graphs: str | None = "auto"
     batch_invariant: bool = False
     scheduling_policy: "str | type[SchedulingPolicy]" = "fcfs"
+    tensor_parallel_size: int = 1
 
     # Older keyword names, still accepted by ``build_engine`` and ``LLM``.
     ALIASES = {"kv_dtype": "kv_cache_dtype"}
@@ -188,6 +192,22 @@ class EngineConfig:
                              "decode_graphs='auto' o None")
         object.__setattr__(self, "speculative_config", SpeculativeConfig.of(self.speculative_config))
         check_scheduling_policy(self.scheduling_policy)
+        check_tensor_parallel_size(self.tensor_parallel_size)
+        if self.tensor_parallel_size > 1:
+            self._check_tensor_parallel()
+
+    def _check_tensor_parallel(self) -> None:
+        """What tensor parallelism does not cover yet is refused, never mis-computed."""
+        n = self.tensor_parallel_size
+        unsupported = [(self.speculative_config is not None, "speculative_config (decodificación "
+                        "especulativa)"),
+                       (self.batch_invariant, "batch_invariant=True (sus núcleos no se reparten)"),
+                       (self.decode_graphs in GRAPH_BACKENDS, f"decode_graphs={self.decode_graphs!r} "
+                        "(los pasos con paralelismo de tensores se ejecutan sin grafos)")]
+        for bad, what in unsupported:
+            if bad:
+                raise ValueError(f"tensor_parallel_size={n} no es compatible con {what}; quítelo "
+                                 "o use tensor_parallel_size=1")
 
     @classmethod
     def of(cls, config: "EngineConfig | None" = None, **options) -> "EngineConfig":
@@ -269,6 +289,15 @@ def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None =
         raise ValueError(f"max_model_len={config.max_model_len} supera las "
                          f"{model_config.max_position_embeddings} posiciones del modelo")
     kv = config.kv_manager() if kv is None else kv
+    tp = config.tensor_parallel_size
+    if tp > 1:
+        check_shardable(model_config, tp)
+        if executor is not None or type(kernels) is not DefaultKernels:
+            raise ValueError(f"tensor_parallel_size={tp} usa su propio ejecutor y los núcleos por "
+                             "defecto: no pase executor= ni kernels=")
+        executor = TensorParallelRunner.start(model, kv, tp, config.kv_cache_dtype,
+                                              max_num_seqs=config.max_num_seqs,
+                                              max_model_len=config.max_model_len)
     if model_config.is_hybrid and not isinstance(kv, HybridKVManager):
         if config.speculative_config is not None:
             raise ValueError("la decodificación especulativa no está disponible para un modelo "

@@ -35,6 +35,12 @@ class LLM:
     of decode steps (on a GPU they are on); ``batch_invariant=True`` gives each request the same
     logits whatever the batch (chapter 10), and ``kernels=`` another kernel set for it (a
     ``BatchInvariantKernels`` with a student's matmul). See ``EngineConfig`` for the rest.
+
+    ``tensor_parallel_size=N`` splits the model across N processes (chapter 13): this process is
+    rank 0 and keeps only its shard (``self.model`` is then rank 0's ``ShardedTransformer``; the
+    full configuration is ``self.model.full_config``). Close it with ``close()`` or a ``with``
+    block, which stops the worker processes (they also exit if this process dies). As with vLLM,
+    a script that starts workers needs the ``if __name__ == "__main__":`` guard (they are spawned).
     """
 
     def __init__(self, model: str | Path | Transformer = "tiny-es", *, tokenizer: Tokenizer | str | None = None,
@@ -50,6 +56,21 @@ class LLM:
         if eos is None and self.tokenizer is not None:
             eos = self.tokenizer.eos_token_id
         self.engine = build_engine(self.model, config, eos_token_id=eos, kernels=kernels)
+        if config.tensor_parallel_size > 1:  # rank 0 keeps its shard only
+            self.model = self.engine.executor.model
+
+    def close(self) -> None:
+        """Release what the engine holds outside this object: with tensor parallelism, stop the
+        worker processes. Idempotent; a closed tensor-parallel LLM refuses further steps."""
+        close = getattr(self.engine.executor, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _encode(self, prompt) -> Sequence[int]:
         if isinstance(prompt, str):

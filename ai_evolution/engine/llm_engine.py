@@ -44,6 +44,11 @@ class Executor(Protocol):
         and the exception of every request whose part failed."""
 
 
+class ExecutorFailed(RuntimeError):
+    """The executor can run no more steps (a tensor-parallel rank died or fell out of step): the
+    engine raises it at once instead of retrying the step request by request."""
+
+
 class StepEntry(NamedTuple):
     """One request's part in a step."""
 
@@ -251,6 +256,8 @@ class LLMEngine:
         request fails only itself."""
         try:
             return self.executor.execute(out)
+        except ExecutorFailed:
+            raise
         except Exception as err:  # noqa: BLE001 - isolated below, never lost
             if len(out.scheduled) == 1:
                 return StepResult(errors={out.scheduled[0].request_id: err})
@@ -323,4 +330,4 @@ def _arrival(item) -> tuple:
                                        "tenant": tags.get("tenant")}
 
 
-__all__ = ["Executor", "LLMEngine", "StepEntry", "StepRecord"]
+__all__ = ["Executor", "ExecutorFailed", "LLMEngine", "StepEntry", "StepRecord"]

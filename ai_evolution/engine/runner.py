@@ -192,7 +192,10 @@ class ModelRunner:
                 return StepResult()
             # each sampling request's last 1 + k positions among the step's tokens
             positions = [p for s, i in samples for p in range(i - len(s.draft_token_ids), i + 1)]
-            logits = self.model.logits(hidden[0, positions]).float()      # [n, V]
+            logits = self.model.logits(hidden[0, positions])              # [n, V]
+            if logits is None:  # a tensor-parallel worker: rank 0 gathers the logits and samples
+                return StepResult()
+            logits = logits.float()
         best = logits.argmax(dim=-1).tolist()
         sampled: dict[str, tuple[int, ...]] = {}
         errors: dict[str, BaseException] = {}

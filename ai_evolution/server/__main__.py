@@ -85,6 +85,9 @@ def parser() -> argparse.ArgumentParser:
                         "por defecto, sin ella); mismo tokenizador que --model")
     p.add_argument("--num-speculative-tokens", type=int, default=4,
                    help="tokens borrador por paso con --speculative-model (por defecto 4)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="procesos entre los que se reparte el modelo (paralelismo de tensores; "
+                        "por defecto 1)")
     p.add_argument("--threads", type=int, default=None,
                    help="hilos de PyTorch en CPU (torch.set_num_threads)")
     p.add_argument("--log-level", default="info",
@@ -131,7 +134,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         enable_chunked_prefill=args.enable_chunked_prefill, speculative_config=spec,
                         decode_graphs=None if args.enforce_eager else "auto",
                         batch_invariant=args.batch_invariant,
-                        scheduling_policy=args.scheduling_policy)
+                        scheduling_policy=args.scheduling_policy,
+                        tensor_parallel_size=args.tensor_parallel_size)
 
 
 def tenants_config(args: argparse.Namespace) -> Tenants:
@@ -162,8 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     name = served_name(args.model, args.served_model_name)
     app = create_app(llm.engine, llm.tokenizer, model_name=name, max_waiting=args.max_waiting,
                      tenants=tenants_config(args))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=5)
+    finally:
+        llm.close()
 
 
 if __name__ == "__main__":
