@@ -363,12 +363,13 @@ class Scheduler:
         return ScheduledRequest(r.request_id, tuple(r.token_ids_between(start, start + n)) + tuple(drafts),
                                 start, tuple(self.kv.block_table(r.request_id)), r.num_prompt_tokens,
                                 r.sampling_params, start + n == r.num_tokens, tuple(drafts),
-                                self._state_slot(r.request_id))
+                                **self._state_step(r, start, n))
 
-    def _state_slot(self, request_id: str) -> int | None:
-        """The request's state slot, when the KV manager keeps a hybrid's states."""
-        state_slot = getattr(self.kv, "state_slot", None)
-        return None if state_slot is None else state_slot(request_id)
+    def _state_step(self, r: Request, start: int, n: int) -> dict:
+        """The request's state slot, checkpoint to restore and checkpoints to save in this step,
+        when the KV manager keeps a hybrid's states (``state_slots.HybridKVManager``)."""
+        state_step = getattr(self.kv, "state_step", None)
+        return {} if state_step is None else state_step(r, start, n, self._step)
 
     def _tokens(self, want: int, budget: float) -> int:
         n = self.token_fn(want, budget, self.enable_chunked_prefill)

@@ -25,7 +25,11 @@ class ScheduledRequest:
     ``len(draft_token_ids)`` of them are a draft model's tokens (speculative decoding), verified
     in this same forward pass. ``samples``: the step completes the request's pending tokens, so
     it yields a token (a prompt chunk that stops short samples nothing). ``state_slot``: with a
-    hybrid model, the slot of the request's fixed state (``engine.state_slots``); None otherwise."""
+    hybrid model, the slot of the request's fixed state (``engine.state_slots``); None otherwise.
+    ``state_restore``: the state checkpoint row copied into that slot before the step (the
+    request's first step after a prefix hit). ``state_saves``: ``(tokens, row)`` pairs: once the
+    request holds ``tokens`` tokens (inside this step), its state is copied into checkpoint
+    ``row`` (prefix caching for hybrids)."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -36,6 +40,8 @@ class ScheduledRequest:
     samples: bool
     draft_token_ids: tuple[int, ...] = ()
     state_slot: int | None = None
+    state_restore: int | None = None
+    state_saves: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:
