@@ -151,17 +151,20 @@ def sim_engine(config: ModelConfig, cost_model: RooflineCostModel, max_num_seqs:
                max_model_len: int, policy="continuous", dtype: str | torch.dtype = "bf16", kv=None,
                max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = False,
                weight_format: str | None = None, speculation: SimSpeculation | None = None,
-               scheduling_policy="fcfs"):
+               scheduling_policy="fcfs", state_checkpoint_interval: int | None = None):
     """An ``LLMEngine`` whose scheduler is the real one and whose executor is simulated: the
     builder's engine with a ``SimExecutor`` (``kv``: the scheduler's KV manager; default,
     contiguous rows; ``weight_format``: the weights are quantized, as in
     ``cost_model.step_cost``; ``speculation``: speculative steps, see ``SimSpeculation``;
-    ``scheduling_policy``: see ``EngineConfig``)."""
+    ``scheduling_policy``, ``state_checkpoint_interval`` (a hybrid with a paged ``kv`` that
+    caches prefixes): see ``EngineConfig``)."""
     from ..engine.config import EngineConfig, build_engine
     engine_config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, policy=policy,
                                  max_num_batched_tokens=max_num_batched_tokens,
                                  enable_chunked_prefill=enable_chunked_prefill,
-                                 scheduling_policy=scheduling_policy)
+                                 scheduling_policy=scheduling_policy,
+                                 block_size=16 if kv is None else kv.block_size,
+                                 state_checkpoint_interval=state_checkpoint_interval)
     engine = build_engine(config, engine_config, kv=kv,
                           executor=SimExecutor(config, cost_model, dtype, weight_format=weight_format,
                                                speculation=speculation))
