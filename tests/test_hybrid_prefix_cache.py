@@ -183,3 +183,15 @@ def test_a_checkpoint_inside_a_chunk_holds_the_state_after_its_prefix(model):
 def test_bad_checkpoint_settings_name_the_accepted_values(options, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**options)
+
+
+def test_the_engine_refuses_a_runner_without_the_managers_checkpoints(model):
+    from ai_evolution.engine import LLMEngine, ModelRunner, Scheduler
+    engine = build_engine(model, max_num_seqs=2, max_model_len=16, decode_graphs=None,
+                          kv_layout="paged", block_size=4, num_state_checkpoints=3)
+    kv = engine.scheduler.kv
+    assert kv.num_state_checkpoints == 3 and engine.executor.checkpoints.batch_size == 3
+    runner = ModelRunner(model, kv.num_blocks, kv.block_size, max_num_seqs=2)  # no checkpoints
+    with pytest.raises(ValueError, match="el ejecutor guarda 0 puntos de control del estado y el "
+                                         "gestor de KV reparte 3"):
+        LLMEngine(Scheduler(2, 16, kv=kv), runner, HYBRID.vocab_size)
