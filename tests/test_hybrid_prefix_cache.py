@@ -195,3 +195,13 @@ def test_the_engine_refuses_a_runner_without_the_managers_checkpoints(model):
     with pytest.raises(ValueError, match="el ejecutor guarda 0 puntos de control del estado y el "
                                          "gestor de KV reparte 3"):
         LLMEngine(Scheduler(2, 16, kv=kv), runner, HYBRID.vocab_size)
+
+
+def test_the_server_flags_set_the_checkpoints():
+    from ai_evolution.server.__main__ import engine_config, parser
+    config = engine_config(parser().parse_args(["--block-size", "8", "--state-checkpoint-interval",
+                                                "24", "--num-state-checkpoints", "5"]))
+    assert (config.state_checkpoint_interval, config.num_state_checkpoints) == (24, 5)
+    with pytest.raises(ValueError, match="state_checkpoint_interval=20 debe ser un múltiplo "
+                                         "positivo de block_size=8"):
+        engine_config(parser().parse_args(["--block-size", "8", "--state-checkpoint-interval", "20"]))
