@@ -205,3 +205,55 @@ def test_the_server_flags_set_the_checkpoints():
     with pytest.raises(ValueError, match="state_checkpoint_interval=20 debe ser un múltiplo "
                                          "positivo de block_size=8"):
         engine_config(parser().parse_args(["--block-size", "8", "--state-checkpoint-interval", "20"]))
+
+
+class FailsAfterRunning:
+    """Wraps a runner: a step with several requests, one of them poisoned (its prompt starts
+    with ``marker``), raises after the model has run, when every state is already updated (as a
+    failure in the last layer or in the head would); alone, the poisoned request raises."""
+
+    def __init__(self, inner, marker: int) -> None:
+        self.inner, self.marker, self.poisoned = inner, marker, set()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def execute(self, out):
+        self.poisoned |= {s.request_id for s in out.scheduled
+                          if s.start == 0 and s.token_ids[0] == self.marker}
+        hit = any(s.request_id in self.poisoned for s in out.scheduled)
+        if hit and len(out.scheduled) == 1:
+            raise RuntimeError("fallo simulado del núcleo")
+        result = self.inner.execute(out)
+        if hit:
+            raise RuntimeError("fallo simulado del núcleo tras actualizar los estados")
+        return result
+
+
+@pytest.mark.parametrize("kv_layout", ["contiguous", "paged"])
+def test_a_step_that_fails_after_updating_the_states_fails_only_its_culprit(model, kv_layout):
+    """Running a request again after its state advanced would advance it twice: the engine
+    preempts those requests instead, and they compute their state again."""
+    from ai_evolution.engine import FinishReason
+    items = shared_prefix_workload(seed=1)[:5]
+    refs = [generate(model, p, m, cache=None)[0] for p, m in items]
+    marker = 96
+    assert all(p[0] != marker for p, _ in items)
+    engine = build_engine(model, max_num_seqs=3, max_model_len=40, decode_graphs=None,
+                          kv_layout=kv_layout, block_size=4)
+    engine.executor = FailsAfterRunning(engine.executor, marker)
+    for i, (prompt, n) in enumerate(items):
+        engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True), request_id=f"r{i}")
+    engine.step()
+    engine.step()  # the first ones decode now: the poisoned request joins them
+    engine.add_request([marker, 1, 2], SamplingParams(max_tokens=6, ignore_eos=True),
+                       request_id="bad")
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.retire_finished()
+    assert engine.requests["bad"].finish_reason is FinishReason.ERROR
+    for i, ref in enumerate(refs):
+        assert engine.requests[f"r{i}"].output_token_ids == ref, f"request {i}"
+        assert engine.requests[f"r{i}"].error is None
+    assert engine.scheduler.num_preemptions > 0
+    engine.scheduler.kv.check_invariants()

@@ -402,11 +402,16 @@ class Scheduler:
         verified positions: the longest prefix of drafts the target agrees with is accepted, plus
         the target's next token (``speculative.greedy_accept``); the K/V of rejected drafts are
         forgotten (``num_computed_tokens`` stops before them) and their surplus blocks freed. A
-        sampled request's drafts are verified by rejection sampling (``_verify``)."""
+        sampled request's drafts are verified by rejection sampling (``_verify``). A request in
+        ``result.recompute`` (a hybrid's state the failed step may have half-updated) is
+        preempted by recompute."""
         by_id = {r.request_id: r for r in self.running}
         updated = []
         for s in output.scheduled:
             r = by_id[s.request_id]
+            if s.request_id in result.recompute:
+                self._preempt(r)
+                continue
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = start
             if s.request_id in result.errors:

@@ -95,16 +95,20 @@ class StepResult:
     target's choice at each verified position). ``errors``: the exception of every request whose
     part failed (the others are unaffected). ``target_probs``: for a *sampled* request that
     verified ``k`` draft tokens, the target's distribution at the ``k + 1`` verified positions
-    (``[k + 1, V]``, on the CPU) instead of tokens: the scheduler verifies by rejection sampling."""
+    (``[k + 1, V]``, on the CPU) instead of tokens: the scheduler verifies by rejection sampling.
+    ``recompute``: requests the step could not run whose state it may have half-updated (a
+    hybrid's step that raised as a whole): the engine preempts them, to compute them again."""
 
     sampled_token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)
     errors: dict[str, BaseException] = field(default_factory=dict)
     target_probs: dict[str, Any] = field(default_factory=dict)
+    recompute: tuple[str, ...] = ()
 
     def merged(self, other: "StepResult") -> "StepResult":
         return StepResult({**self.sampled_token_ids, **other.sampled_token_ids},
                           {**self.errors, **other.errors},
-                          {**self.target_probs, **other.target_probs})
+                          {**self.target_probs, **other.target_probs},
+                          self.recompute + other.recompute)
 
 
 __all__ = ["ScheduledRequest", "SchedulerOutput", "StepResult"]
