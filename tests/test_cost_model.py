@@ -145,3 +145,7 @@ def test_the_simulator_serves_a_hybrid_with_vllms_528_token_block():
                 engine.step()
         assert engine.kv_usage()["prefix_hit_tokens"] == hit
         assert engine.kv_usage()["state_checkpoint_interval"] == block
+    # a checkpoint saved or restored reads and writes one more whole state
+    plain, copying = step_cost(cfg, [4], [1100]), step_cost(cfg, [4], [1100], num_state_copies=2)
+    assert copying.state_bytes - plain.state_bytes == 2 * 2 * 50.25 * 2**20
+    assert copying.flops == plain.flops

@@ -106,10 +106,12 @@ class SimExecutor:
     def idle_until(self, t: float) -> None:
         self.clock = max(self.clock, t)
 
-    def step_time_s(self, query_lens: list[int], context_lens: list[int]) -> float:
+    def step_time_s(self, query_lens: list[int], context_lens: list[int],
+                    num_state_copies: int = 0) -> float:
         return self.cost_model.step_time_s(step_cost(self.config, query_lens, context_lens,
                                                      self.dtype, self.kv_dtype,
-                                                     weight_format=self.weight_format))
+                                                     weight_format=self.weight_format,
+                                                     num_state_copies=num_state_copies))
 
     def draft_time_s(self, out: SchedulerOutput) -> float:
         """What proposing this step's drafts cost: ``k`` decode steps of the draft model per
@@ -123,8 +125,9 @@ class SimExecutor:
                    for s in out.scheduled for j in range(len(s.draft_token_ids)))
 
     def execute(self, out: SchedulerOutput) -> StepResult:
+        copies = sum(len(s.state_saves) + (s.state_restore is not None) for s in out.scheduled)
         dt = self.step_time_s([s.num_tokens for s in out.scheduled],
-                              [s.context_len for s in out.scheduled]) + self.draft_time_s(out)
+                              [s.context_len for s in out.scheduled], copies) + self.draft_time_s(out)
         self.clock += dt
         self.step_times.append(dt)
         return StepResult({s.request_id: self._verified(s.draft_token_ids)
