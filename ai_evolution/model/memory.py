@@ -244,7 +244,8 @@ def kv_bytes_per_token(config: ModelConfig, dtype: str | torch.dtype = "bf16",
     return 2 * config.num_attention_layers * config.num_kv_heads * per_head
 
 
-# llama.cpp and vLLM keep a linear layer's state in float32 whatever the weights' dtype.
+# llama.cpp keeps a linear layer's whole state in float32 whatever the weights' dtype (vLLM its
+# recurrent part; its convolution window in the model's dtype: see state_page_block_size).
 DEFAULT_STATE_DTYPE = "float32"
 
 
