@@ -102,3 +102,50 @@ def test_a_hybrids_decode_step_reads_kv_of_8_layers_and_its_state_once_per_seque
     assert empty.state_bytes == full.state_bytes == 2 * 2 * state  # read + write, 2 sequences
     assert full.kv_bytes - empty.kv_bytes == 2 * 4096 * 32 * 1024  # 32 KiB per cached token
     assert full.flops - empty.flops == 4 * 8 * 16 * 256 * 4096 * 2  # 8 attention layers
+
+
+def test_a_hybrids_predicted_decode_step_is_nearly_flat_in_context_and_a_transformers_grows():
+    """Batch 1 on an H100's datasheet: 24 of Qwen3.5-9B's 32 layers read the same state at any
+    context; Llama-3.1-8B reads four times more KV per token in all 32."""
+    from ai_evolution.hardware import get_device_spec
+    model = RooflineCostModel.from_device_spec(get_device_spec("h100-sxm"))
+    hybrid, dense = get_preset("qwen3.5-9b"), get_preset("llama-3.1-8b")
+    growth = {}
+    for name, cfg in (("hybrid", hybrid), ("dense", dense)):
+        t = [model.step_time_s(decode_step_cost(cfg, 1, c)) for c in (0, 1024, 4096, 16384)]
+        assert t == sorted(t)
+        growth[name] = [x / t[0] - 1 for x in t[1:]]
+    assert growth["hybrid"][1] < 0.01           # +4096 tokens: under 1 % slower
+    assert growth["dense"][1] > 0.03            # the transformer: over 3 %
+    for h, d in zip(growth["hybrid"], growth["dense"]):
+        assert d > 4 * h                        # everywhere, more than 4x the hybrid's growth
+    # the linear layers' own cost is the same at every context: state bytes and FLOPs
+    a, b = decode_step_cost(hybrid, 1, 0), decode_step_cost(hybrid, 1, 16384)
+    assert a.state_bytes == b.state_bytes > 0
+    assert (b.flops - a.flops) == 4 * hybrid.num_attention_layers * hybrid.num_heads * \
+        hybrid.head_dim * 16384
+
+
+def test_the_simulator_serves_a_hybrid_with_vllms_528_token_block():
+    """Qwen3.5-9B at vLLM's block (state_page_block_size): a repeated prompt of 500 tokens never
+    hits, one of 1 100 reuses its first two blocks (1 056 tokens)."""
+    from ai_evolution.engine import KVCacheManager, SamplingParams
+    from ai_evolution.hardware import get_device_spec
+    from ai_evolution.model import state_page_block_size
+    from ai_evolution.sim import sim_engine
+    cfg = get_preset("qwen3.5-9b")
+    block = state_page_block_size(cfg)
+    model = RooflineCostModel.from_device_spec(get_device_spec("h100-sxm"))
+    for length, hit in ((500, 0), (1100, 1056)):
+        engine = sim_engine(cfg, model, 2, 4096, kv=KVCacheManager(16, block, 4096))
+        prompt = list(range(length))
+        for i in range(2):
+            engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
+            while engine.has_unfinished_requests():
+                engine.step()
+        assert engine.kv_usage()["prefix_hit_tokens"] == hit
+        assert engine.kv_usage()["state_checkpoint_interval"] == block
+    # a checkpoint saved or restored reads and writes one more whole state
+    plain, copying = step_cost(cfg, [4], [1100]), step_cost(cfg, [4], [1100], num_state_copies=2)
+    assert copying.state_bytes - plain.state_bytes == 2 * 2 * 50.25 * 2**20
+    assert copying.flops == plain.flops

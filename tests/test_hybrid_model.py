@@ -248,6 +248,21 @@ def served_hybrid():
     return model, items, refs
 
 
+def serve_greedy(model, items, max_num_seqs: int, max_model_len: int, **options):
+    """An engine that has served ``items`` ((prompt, new tokens) pairs, ids ``r0``, ``r1``...)
+    greedily to the end."""
+    from ai_evolution.engine import SamplingParams
+    from ai_evolution.engine.config import build_engine
+    engine = build_engine(model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                          decode_graphs=None, **options)
+    for i, (prompt, n) in enumerate(items):
+        engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True), request_id=f"r{i}")
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.retire_finished()
+    return engine
+
+
 @pytest.mark.parametrize("options", [
     dict(kv_layout="contiguous"),
     dict(kv_layout="paged", block_size=4, enable_prefix_caching=False),
@@ -259,15 +274,8 @@ def served_hybrid():
          max_num_batched_tokens=8, enable_chunked_prefill=True),
 ], ids=["contiguous", "paged", "chunked", "preempted"])
 def test_engine_batched_greedy_tokens_equal_solo_uncached_decoding(served_hybrid, options):
-    from ai_evolution.engine import SamplingParams
-    from ai_evolution.engine.config import build_engine
     model, items, refs = served_hybrid
-    engine = build_engine(model, max_num_seqs=3, max_model_len=32, decode_graphs=None, **options)
-    for i, (prompt, n) in enumerate(items):
-        engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True), request_id=f"r{i}")
-    while engine.has_unfinished_requests():
-        engine.step()
-    engine.retire_finished()
+    engine = serve_greedy(model, items, 3, 32, **options)
     for i, ref in enumerate(refs):
         assert engine.requests[f"r{i}"].output_token_ids == ref, f"request {i}"
     kv = engine.scheduler.kv
@@ -284,9 +292,7 @@ def test_engine_batched_greedy_tokens_equal_solo_uncached_decoding(served_hybrid
 def test_engine_refuses_what_a_hybrid_cannot_do_yet():
     from ai_evolution.engine.config import build_engine
     model = random_model(HYBRID, seed=0)
-    with pytest.raises(ValueError, match="la caché de prefijos no está disponible para un modelo "
-                                         "híbrido"):
-        build_engine(model, max_num_seqs=2, max_model_len=16, kv_layout="paged", block_size=4)
+    # (prefix caching is served with state checkpoints: tests/test_hybrid_prefix_cache.py)
     with pytest.raises(ValueError, match="decodificación especulativa no está disponible"):
         build_engine(model, max_num_seqs=2, max_model_len=16, speculative_config={
             "method": "ngram", "num_speculative_tokens": 2})

@@ -136,3 +136,49 @@ def test_memory_budget_pays_the_state_once_per_sequence():
     assert long.static_slots == math.floor(60e9 / (10_000 * 32 * 1024 + state))
     # At 10 tokens the state is almost all of a sequence's memory: without it, 160x more fit.
     assert math.floor(60e9 / (10 * 32 * 1024)) > 160 * short.static_slots
+
+
+def test_the_checkpoint_pool_comes_out_of_the_budget_first():
+    cfg = get_preset("qwen3.5-9b")
+    state = 50.25 * 2**20
+    pooled = memory_budget(cfg, 80e9, max_len=1000, weights_bytes=20e9, num_state_checkpoints=64)
+    assert pooled.state_checkpoint_bytes == 64 * state
+    assert pooled.static_slots == math.floor((60e9 - 64 * state) / (1000 * 32 * 1024 + state))
+    with pytest.raises(ValueError, match="num_state_checkpoints debe ser un entero >= 0"):
+        memory_budget(cfg, 80e9, max_len=1000, num_state_checkpoints=-1)
+    with pytest.raises(ValueError, match="puntos de control del estado .* no queda sitio"):
+        memory_budget(cfg, 24e9, max_len=1000, num_state_checkpoints=200)
+
+
+def test_vllms_hybrid_block_of_528_tokens_is_one_state_page_of_kv():
+    """vLLM grows a hybrid's block until one attention layer's KV block weighs at least one
+    linear layer's state (f32 recurrent, bf16 conv): 2 048 KiB + 48 KiB over 4 KiB per token is
+    524 tokens, rounded up to a multiple of 16."""
+    from ai_evolution.model.memory import state_page_block_size
+    cfg = get_preset("qwen3.5-9b")
+    assert state_page_block_size(cfg) == 528
+    assert state_page_block_size(cfg, conv_dtype="float32") == 544  # 2 144 KiB / 4 KiB = 536
+    assert state_page_block_size(cfg, alignment=1) == 524
+    assert state_page_block_size(get_preset("llama-3.1-8b")) == 0
+
+
+def test_sequences_that_fit_count_weights_kv_and_state():
+    from ai_evolution.model.memory import sequences_that_fit, state_bytes_per_sequence
+    for gb in (24, 80):
+        for context in (16, 4096):
+            fits = {name: sequences_that_fit(name, gb, context)
+                    for name in ("qwen3.5-9b", "llama-3.1-8b")}
+            for name, f in fits.items():
+                cfg = get_preset(name)
+                per_seq = kv_bytes_per_token(cfg, "bf16") * context + state_bytes_per_sequence(cfg)
+                assert f.bytes_per_sequence == per_seq and f.weights_fit
+                assert f.sequences == math.floor((gb * 1e9 - weight_bytes(cfg, "bf16")) / per_seq)
+            hybrid, dense = fits["qwen3.5-9b"].sequences, fits["llama-3.1-8b"].sequences
+            # short contexts: the hybrid's 50 MiB state per sequence loses; long: its 1/4 KV wins
+            assert (hybrid < dense) if context == 16 else (hybrid > 2 * dense), (gb, context)
+    small = sequences_that_fit("qwen3.5-9b", 16, 1024)
+    assert small.sequences == 0 and not small.weights_fit  # 17,9 GB of weights
+    with pytest.raises(ValueError, match="context_len debe ser un entero >= 1"):
+        sequences_that_fit("qwen3.5-9b", 24, 0)
+    with pytest.raises(ValueError, match="gpu_memory_gb debe ser un número > 0"):
+        sequences_that_fit("qwen3.5-9b", -1, 10)

@@ -14,6 +14,7 @@ from .request import (FinishReason, Request, RequestOutput, RequestRejected, Req
 from .runner import BlockKVCache, ModelRunner
 from .scheduler import (POLICIES, BatchPlan, Policy, PolicyError, Scheduler, continuous_batching,
                         newest_unfinished, static_batching, tokens_for)
+from .state_slots import HybridKVManager, StateCheckpointPool
 from .step import ScheduledRequest, SchedulerOutput, StepResult
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "SamplingParams", "request_metrics", "ModelRunner", "POLICIES", "BatchPlan", "Policy",
     "PolicyError", "ScheduledRequest", "Scheduler", "SchedulerOutput", "StepResult",
     "continuous_batching", "static_batching", "newest_unfinished", "tokens_for",
+    "HybridKVManager", "StateCheckpointPool",
 ]

@@ -21,6 +21,7 @@ from ..model.checkpoint import load_pretrained
 from ..model.config import ModelConfig
 from ..model.decoder import Transformer
 from ..model.kv_quant import check_kv_dtype
+from ..model.memory import state_bytes_per_sequence
 from ..model.tokenizer import shipped_names
 from .batch_invariant import BatchInvariantKernels, DefaultKernels
 from .drafter import DraftProposer, NgramProposer, check_lookup_window
@@ -30,7 +31,7 @@ from .llm_engine import Executor, LLMEngine
 from .runner import ModelRunner
 from .scheduler import POLICIES, Policy, Scheduler, check_positive_int, check_token_budget
 from .scheduling_policy import SchedulingPolicy, check_scheduling_policy
-from .state_slots import HybridKVManager
+from .state_slots import HybridKVManager, check_checkpoint_interval
 from .tensor_parallel import TensorParallelRunner, check_shardable, check_tensor_parallel_size
 
 KV_LAYOUTS = ("contiguous", "paged")
@@ -145,6 +146,19 @@ class EngineConfig:
     ``SchedulingPolicy``. ``tensor_parallel_size=N`` (vLLM's name; chapter 13): the model split
     across N processes with ``torch.distributed`` (``engine/tensor_parallel.py``); N must divide
     the attention heads, the KV heads (or be a multiple of them) and the MLP width.
+
+    Hybrid models (linear-attention layers, chapter 11) with paged KV and prefix caching keep
+    copies of a request's state at checkpoints (``engine/state_slots.py``):
+    ``state_checkpoint_interval`` tokens apart (a positive multiple of ``block_size``; None: the
+    block size itself, the finest grain the prefix cache's block hashes allow, so a repeated
+    prompt hits from its first full block, as a transformer's does; vLLM instead grows the block
+    to the state's page, ``model.memory.state_page_block_size``, 528 tokens for Qwen3.5-9B),
+    in a pool of ``num_state_checkpoints`` states (None: one per checkpoint boundary the KV
+    blocks can hold, ``num_blocks * block_size // state_checkpoint_interval``, so the KV cache and
+    not the pool bounds the hits, as in vLLM where every block has its state page; the engine's
+    ``kv_usage()`` reports their bytes), least recently used evicted first. A hit reaches only as far
+    as the last checkpoint: prompts shorter than the interval never hit. Both are ignored for a
+    model without linear layers.
     """
 
     max_num_seqs: int = 8
@@ -162,6 +176,8 @@ class EngineConfig:
     batch_invariant: bool = False
     scheduling_policy: "str | type[SchedulingPolicy]" = "fcfs"
     tensor_parallel_size: int = 1
+    state_checkpoint_interval: int | None = None
+    num_state_checkpoints: int | None = None
 
     # Older keyword names, still accepted by ``build_engine`` and ``LLM``.
     ALIASES = {"kv_dtype": "kv_cache_dtype"}
@@ -192,6 +208,9 @@ class EngineConfig:
                              "decode_graphs='auto' o None")
         object.__setattr__(self, "speculative_config", SpeculativeConfig.of(self.speculative_config))
         check_scheduling_policy(self.scheduling_policy)
+        if self.state_checkpoint_interval is not None:
+            check_checkpoint_interval(self.state_checkpoint_interval, self.block_size)
+        check_positive_int("num_state_checkpoints", self.num_state_checkpoints, allow_none=True)
         check_tensor_parallel_size(self.tensor_parallel_size)
         if self.tensor_parallel_size > 1:
             self._check_tensor_parallel()
@@ -303,7 +322,9 @@ def build_engine(model: Transformer | ModelConfig, config: EngineConfig | None =
             raise ValueError("la decodificación especulativa no está disponible para un modelo "
                              "híbrido: descartar borradores rechazados exigiría volver atrás su "
                              "estado fijo; quite speculative_config")
-        kv = HybridKVManager(kv, config.max_num_seqs)  # one state slot per running request
+        # one state slot per running request; with prefix caching, the state checkpoints
+        kv = HybridKVManager(kv, config.max_num_seqs, config.state_checkpoint_interval,
+                             config.num_state_checkpoints, state_bytes_per_sequence(model_config))
     scheduler = Scheduler(config.max_num_seqs, config.max_model_len, config.policy, kv=kv,
                           max_num_batched_tokens=config.max_num_batched_tokens,
                           enable_chunked_prefill=config.enable_chunked_prefill,

@@ -225,6 +225,14 @@ class KVCacheManager:
         hashes.extend(block_hashes(request.all_token_ids[:upto_tokens], self.block_size, hashes))
         return hashes[: upto_tokens // self.block_size]
 
+    def block_hash(self, request: Request, num_tokens: int) -> bytes:
+        """The chain hash of the request's block that ends at token ``num_tokens`` (a multiple of
+        the block size, within its known tokens): the key of everything cached for that prefix."""
+        if num_tokens < self.block_size or num_tokens % self.block_size:
+            raise ValueError(f"num_tokens={num_tokens} debe ser un múltiplo positivo de "
+                             f"block_size={self.block_size}")
+        return self._chain(request, num_tokens)[num_tokens // self.block_size - 1]
+
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """The cached blocks that hold a prefix of ``request`` (a waiting request) and the tokens
         they cover: a multiple of the block size, less than ``num_tokens``."""

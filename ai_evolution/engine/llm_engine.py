@@ -253,7 +253,11 @@ class LLMEngine:
     def _execute(self, out: SchedulerOutput) -> StepResult:
         """Run a step. If it raises as a whole, each request runs again alone to find the one
         that caused it (re-running writes the same K/V to the same positions), so one bad
-        request fails only itself."""
+        request fails only itself. A hybrid's fixed state is updated in place, so running a
+        request again would advance it twice: only the requests whose step starts their state
+        afresh (from position 0 or from a checkpoint) run again; the others are listed in
+        ``StepResult.recompute``, and the scheduler preempts them (they compute their state
+        again)."""
         try:
             return self.executor.execute(out)
         except ExecutorFailed:
@@ -262,6 +266,12 @@ class LLMEngine:
             if len(out.scheduled) == 1:
                 return StepResult(errors={out.scheduled[0].request_id: err})
         result = StepResult()
+        if getattr(self.executor, "state", None) is not None:
+            dirty = tuple(s.request_id for s in out.scheduled
+                          if s.start > 0 and s.state_restore is None)
+            result = StepResult(recompute=dirty)
+            out = replace(out, scheduled=tuple(s for s in out.scheduled
+                                               if s.request_id not in dirty))
         for s in out.scheduled:
             try:
                 alone = self.executor.execute(replace(out, scheduled=(s,)))

@@ -78,13 +78,15 @@ class ModelRunner:
     10's lab compare them bit for bit.
 
     A hybrid model (linear-attention layers) also gets ``state``: one fixed state per request
-    slot, ``max_num_seqs`` slots (``engine.state_slots``), float32; eager steps only.
+    slot, ``max_num_seqs`` slots (``engine.state_slots``), float32; eager steps only; and, with
+    ``num_state_checkpoints``, ``checkpoints``: that many more states, where prefix caching keeps
+    copies of a request's state at checkpoint boundaries (restored on a hit).
     """
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int,
                  kv_dtype: str | None = None, decode_graphs: str | None = None,
                  max_num_seqs: int = 1, max_model_len: int | None = None,
-                 kernels: DefaultKernels | None = None) -> None:
+                 kernels: DefaultKernels | None = None, num_state_checkpoints: int = 0) -> None:
         param = next(model.parameters())
         self.model = model.eval()
         self.device, self.dtype = param.device, param.dtype
@@ -123,6 +125,9 @@ class ModelRunner:
             model, self.cache, max_num_seqs, max_model_len or block_size, backend=decode_graphs)
         self.state = (LinearAttentionState(model.config, max_num_seqs, device=self.device)
                       if hybrid else None)
+        self.checkpoints = (LinearAttentionState(model.config, num_state_checkpoints,
+                                                 device=self.device)
+                            if hybrid and num_state_checkpoints else None)
         self.generators: dict[str, torch.Generator] = {}  # request id -> its sampling generator
         self._t0 = time.perf_counter()
 
@@ -135,7 +140,8 @@ class ModelRunner:
         pure decode steps on a GPU, none on the CPU), ``"cuda"``, ``"eager"`` (the graphs' static
         padded step without capture: how the CPU checks it) or None (eager steps only)."""
         return cls(model, kv.num_blocks, kv.block_size, kv_dtype, decode_graphs, max_num_seqs,
-                   max_model_len or getattr(kv, "max_model_len", None), kernels)
+                   max_model_len or getattr(kv, "max_model_len", None), kernels,
+                   getattr(kv, "num_state_checkpoints", 0))
 
     def check_kv(self, kv, max_model_len: int) -> None:
         """Refuse (Spanish ``ValueError``) a scheduler whose KV manager places tokens in a
@@ -153,6 +159,11 @@ class ModelRunner:
                              f"estados (max_num_seqs) y el gestor de KV reparte {slots} ranuras de "
                              "estado: deben coincidir (use build_engine, que envuelve el gestor en "
                              "un HybridKVManager)")
+        rows = 0 if self.checkpoints is None else self.checkpoints.batch_size
+        if self.state is not None and getattr(kv, "num_state_checkpoints", 0) != rows:
+            raise ValueError(f"el ejecutor guarda {rows} puntos de control del estado y el gestor "
+                             f"de KV reparte {kv.num_state_checkpoints}: deben coincidir (cree el "
+                             "ejecutor con ModelRunner.for_kv(modelo, kv), o use build_engine)")
         limit = self.model.config.max_position_embeddings
         if self.graphs is not None:
             limit = min(limit, self.graphs.max_blocks * self.block_size)
@@ -246,20 +257,30 @@ class ModelRunner:
 
     def _slot_state(self, out: SchedulerOutput) -> SlotState | None:
         """A hybrid's states for this step: each request's tokens and slot; a request that
-        starts at position 0 (new, or preempted and recomputing) starts from zeros."""
+        starts at position 0 (new, or preempted and recomputing) starts from zeros, one that
+        starts after a prefix hit from the checkpoint it restores. Every restore is done here,
+        before any layer runs (a row restored in a step is never written in that step). The
+        checkpoints the step saves ride along (``SlotState``)."""
         if self.state is None:
             return None
-        segments, n = [], 0
+        segments, saves, n = [], [], 0
         for s in out.scheduled:
             if s.state_slot is None:
                 raise ValueError(f"la petición {s.request_id} no tiene ranura de estado y el "
                                  "modelo es híbrido (el gestor de KV debe ser un HybridKVManager)")
-            if s.start == 0:
+            if (s.state_restore is not None or s.state_saves) and self.checkpoints is None:
+                raise ValueError(f"la petición {s.request_id} usa puntos de control del estado y "
+                                 "el ejecutor no tiene ninguno (créelo con ModelRunner.for_kv)")
+            if s.state_restore is not None:
+                self.state.conv[:, s.state_slot] = self.checkpoints.conv[:, s.state_restore]
+                self.state.recurrent[:, s.state_slot] = self.checkpoints.recurrent[:, s.state_restore]
+            elif s.start == 0:
                 self.state.conv[:, s.state_slot] = 0
                 self.state.recurrent[:, s.state_slot] = 0
+            saves += [(n, tokens - s.start, row) for tokens, row in s.state_saves]
             segments.append((n, n + s.num_tokens, s.state_slot))
             n += s.num_tokens
-        return SlotState(self.state, tuple(segments))
+        return SlotState(self.state, tuple(segments), self.checkpoints, tuple(saves))
 
     def _generator(self, s: ScheduledRequest) -> torch.Generator:
         """The request's sampling generator, created (and seeded) at its first sample and kept

@@ -363,12 +363,13 @@ class Scheduler:
         return ScheduledRequest(r.request_id, tuple(r.token_ids_between(start, start + n)) + tuple(drafts),
                                 start, tuple(self.kv.block_table(r.request_id)), r.num_prompt_tokens,
                                 r.sampling_params, start + n == r.num_tokens, tuple(drafts),
-                                self._state_slot(r.request_id))
+                                **self._state_step(r, start, n))
 
-    def _state_slot(self, request_id: str) -> int | None:
-        """The request's state slot, when the KV manager keeps a hybrid's states."""
-        state_slot = getattr(self.kv, "state_slot", None)
-        return None if state_slot is None else state_slot(request_id)
+    def _state_step(self, r: Request, start: int, n: int) -> dict:
+        """The request's state slot, checkpoint to restore and checkpoints to save in this step,
+        when the KV manager keeps a hybrid's states (``state_slots.HybridKVManager``)."""
+        state_step = getattr(self.kv, "state_step", None)
+        return {} if state_step is None else state_step(r, start, n, self._step)
 
     def _tokens(self, want: int, budget: float) -> int:
         n = self.token_fn(want, budget, self.enable_chunked_prefill)
@@ -401,11 +402,16 @@ class Scheduler:
         verified positions: the longest prefix of drafts the target agrees with is accepted, plus
         the target's next token (``speculative.greedy_accept``); the K/V of rejected drafts are
         forgotten (``num_computed_tokens`` stops before them) and their surplus blocks freed. A
-        sampled request's drafts are verified by rejection sampling (``_verify``)."""
+        sampled request's drafts are verified by rejection sampling (``_verify``). A request in
+        ``result.recompute`` (a hybrid's state the failed step may have half-updated) is
+        preempted by recompute."""
         by_id = {r.request_id: r for r in self.running}
         updated = []
         for s in output.scheduled:
             r = by_id[s.request_id]
+            if s.request_id in result.recompute:
+                self._preempt(r)
+                continue
             if r.first_scheduled_time is None:
                 r.first_scheduled_time = start
             if s.request_id in result.errors:

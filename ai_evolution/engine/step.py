@@ -25,7 +25,11 @@ class ScheduledRequest:
     ``len(draft_token_ids)`` of them are a draft model's tokens (speculative decoding), verified
     in this same forward pass. ``samples``: the step completes the request's pending tokens, so
     it yields a token (a prompt chunk that stops short samples nothing). ``state_slot``: with a
-    hybrid model, the slot of the request's fixed state (``engine.state_slots``); None otherwise."""
+    hybrid model, the slot of the request's fixed state (``engine.state_slots``); None otherwise.
+    ``state_restore``: the state checkpoint row copied into that slot before the step (the
+    request's first step after a prefix hit). ``state_saves``: ``(tokens, row)`` pairs: once the
+    request holds ``tokens`` tokens (inside this step), its state is copied into checkpoint
+    ``row`` (prefix caching for hybrids)."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -36,6 +40,8 @@ class ScheduledRequest:
     samples: bool
     draft_token_ids: tuple[int, ...] = ()
     state_slot: int | None = None
+    state_restore: int | None = None
+    state_saves: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -89,16 +95,20 @@ class StepResult:
     target's choice at each verified position). ``errors``: the exception of every request whose
     part failed (the others are unaffected). ``target_probs``: for a *sampled* request that
     verified ``k`` draft tokens, the target's distribution at the ``k + 1`` verified positions
-    (``[k + 1, V]``, on the CPU) instead of tokens: the scheduler verifies by rejection sampling."""
+    (``[k + 1, V]``, on the CPU) instead of tokens: the scheduler verifies by rejection sampling.
+    ``recompute``: requests the step could not run whose state it may have half-updated (a
+    hybrid's step that raised as a whole): the engine preempts them, to compute them again."""
 
     sampled_token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)
     errors: dict[str, BaseException] = field(default_factory=dict)
     target_probs: dict[str, Any] = field(default_factory=dict)
+    recompute: tuple[str, ...] = ()
 
     def merged(self, other: "StepResult") -> "StepResult":
         return StepResult({**self.sampled_token_ids, **other.sampled_token_ids},
                           {**self.errors, **other.errors},
-                          {**self.target_probs, **other.target_probs})
+                          {**self.target_probs, **other.target_probs},
+                          self.recompute + other.recompute)
 
 
 __all__ = ["ScheduledRequest", "SchedulerOutput", "StepResult"]

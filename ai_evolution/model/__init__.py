@@ -3,7 +3,8 @@
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig
 from .memory import (MemoryBudget, WeightFormat, dtype_bytes, kv_bytes, kv_bytes_per_token,
                      linear_shapes, memory_budget, param_count, parse_weight_format,
-                     quantized_weight_bytes, state_bytes_per_sequence, weight_bytes)
+                     quantized_weight_bytes, sequences_that_fit, state_bytes_per_sequence,
+                     state_page_block_size, weight_bytes)
 from .presets import get_preset, preset_names
 from .shipped_models import SHIPPED_MODELS, shipped_model_dir, shipped_names
 
@@ -12,6 +13,7 @@ __all__ = [
     "kv_bytes_per_token", "memory_budget", "param_count", "weight_bytes", "get_preset",
     "preset_names", "SHIPPED_MODELS", "shipped_model_dir", "shipped_names", "WeightFormat",
     "linear_shapes", "parse_weight_format", "quantized_weight_bytes", "state_bytes_per_sequence",
+    "sequences_that_fit", "state_page_block_size",
 ]
 
 # The decoder and its checkpoints (imported last: checkpoint.py imports the modules above).

@@ -238,15 +238,35 @@ class StateSegments:
     slot; ``segments`` lists ``(begin, end, slot)``: tokens ``begin..end-1`` of the row (in order,
     covering it) belong to the sequence whose state is in ``slot``. Sequences with one token
     (decode) are gathered into one batch; each longer one (a prompt chunk) runs on its own.
+
+    State checkpoints (prefix caching for hybrids): ``saves`` lists ``(begin, offset, checkpoint)``:
+    copy the state of the sequence whose segment starts at ``begin`` into row ``checkpoint`` of
+    ``checkpoints`` (a ``(conv, recurrent)`` pair shaped like the slots') once its first
+    ``offset`` tokens of the segment are done (``1 <= offset <= end - begin``). A segment with a
+    save inside it is computed in pieces that end at each save (the state after a token that is
+    not the last of a chunk exists nowhere else); a piece of one token takes the recurrent form.
     """
 
     def __init__(self, conv: Tensor, recurrent: Tensor,
-                 segments: tuple[tuple[int, int, int], ...]) -> None:
+                 segments: tuple[tuple[int, int, int], ...],
+                 checkpoints: tuple[Tensor, Tensor] | None = None,
+                 saves: tuple[tuple[int, int, int], ...] = ()) -> None:
+        if saves and checkpoints is None:
+            raise ValueError("saves= necesita checkpoints= (dónde copiar el estado)")
         self.conv, self.recurrent, self.segments = conv, recurrent, segments
+        self.checkpoints, self.saves = checkpoints, saves
+
+    def _save(self, slot: int, checkpoint: int) -> None:
+        conv, recurrent = self.checkpoints
+        conv[checkpoint].copy_(self.conv[slot])
+        recurrent[checkpoint].copy_(self.recurrent[slot])
 
     def apply(self, mix, mixed: Tensor, g: Tensor, beta: Tensor) -> Tensor:
         """``mix(mixed, g, beta, conv, recurrent)`` per sequence of the row ``[1, N, ...]``."""
         pieces: dict[int, Tensor] = {}
+        saves: dict[int, list[tuple[int, int]]] = {}
+        for b, offset, checkpoint in self.saves:
+            saves.setdefault(b, []).append((offset, checkpoint))
         single = [(b, slot) for b, e, slot in self.segments if e - b == 1]
         if single:
             idx = torch.tensor([b for b, _ in single], device=mixed.device)
@@ -255,23 +275,42 @@ class StateSegments:
             out = mix(mixed[0, idx, None], g[0, idx, None], beta[0, idx, None], conv, rec)
             self.conv[slots], self.recurrent[slots] = conv, rec               # written back
             pieces.update((b, out[i:i + 1]) for i, (b, _) in enumerate(single))
+            for b, slot in single:
+                for _, checkpoint in saves.get(b, ()):
+                    self._save(slot, checkpoint)
         for b, e, slot in self.segments:
-            if e - b > 1:
-                pieces[b] = mix(mixed[:, b:e], g[:, b:e], beta[:, b:e],
-                                self.conv[slot:slot + 1], self.recurrent[slot:slot + 1])
+            if e - b == 1:
+                continue
+            cuts = sorted(saves.get(b, ()))
+            bounds = sorted({b + o for o, _ in cuts} | {e})
+            outs, lo = [], b
+            for hi in bounds:
+                outs.append(mix(mixed[:, lo:hi], g[:, lo:hi], beta[:, lo:hi],
+                                self.conv[slot:slot + 1], self.recurrent[slot:slot + 1]))
+                for o, checkpoint in cuts:
+                    if b + o == hi:
+                        self._save(slot, checkpoint)
+                lo = hi
+            pieces[b] = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return torch.cat([pieces[b] for b, _, _ in self.segments], dim=1)
 
 
 class SlotState:
     """``LinearAttentionState`` rows used as per-request slots, for one flat engine step:
-    ``layer(j)`` gives linear layer ``j``'s ``StateSegments``."""
+    ``layer(j)`` gives linear layer ``j``'s ``StateSegments``. ``checkpoints`` (another
+    ``LinearAttentionState``, one row per checkpoint) and ``saves`` (see ``StateSegments``): the
+    states this step copies out for prefix caching."""
 
     batch_size = 1  # the engine's step is one flat row
 
     def __init__(self, store: LinearAttentionState,
-                 segments: tuple[tuple[int, int, int], ...]) -> None:
+                 segments: tuple[tuple[int, int, int], ...],
+                 checkpoints: LinearAttentionState | None = None,
+                 saves: tuple[tuple[int, int, int], ...] = ()) -> None:
         self.store, self.segments = store, segments
+        self.checkpoints, self.saves = checkpoints, saves
 
     def layer(self, j: int) -> StateSegments:
         conv, recurrent = self.store.layer(j)
-        return StateSegments(conv, recurrent, self.segments)
+        checkpoints = None if self.checkpoints is None else self.checkpoints.layer(j)
+        return StateSegments(conv, recurrent, self.segments, checkpoints, self.saves)

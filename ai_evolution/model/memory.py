@@ -244,7 +244,8 @@ def kv_bytes_per_token(config: ModelConfig, dtype: str | torch.dtype = "bf16",
     return 2 * config.num_attention_layers * config.num_kv_heads * per_head
 
 
-# llama.cpp and vLLM keep a linear layer's state in float32 whatever the weights' dtype.
+# llama.cpp keeps a linear layer's whole state in float32 whatever the weights' dtype (vLLM its
+# recurrent part; its convolution window in the model's dtype: see state_page_block_size).
 DEFAULT_STATE_DTYPE = "float32"
 
 
@@ -289,6 +290,8 @@ class MemoryBudget:
     ``typical_len`` tokens it really has (paged, on-demand allocation). Both count, per sequence,
     a hybrid's fixed state (``state_bytes_per_sequence``, 0 for a plain transformer) besides its
     tokens' KV. ``max_tokens``: KV tokens the budget holds with no state at all.
+    ``state_checkpoint_bytes``: a hybrid's prefix-cache checkpoint pool (that many states, kept
+    beside the running ones), taken from the budget before anything else.
     """
 
     gpu_memory_bytes: float
@@ -302,6 +305,16 @@ class MemoryBudget:
     on_demand_sequences: int
     max_tokens: int
     state_bytes_per_sequence: float = 0.0
+    state_checkpoint_bytes: float = 0.0
+
+
+def _check_budget_options(utilization: float, num_state_checkpoints: int) -> None:
+    if not 0 < utilization <= 1:
+        raise ValueError(f"utilization debe estar en (0, 1]; se recibió {utilization}")
+    if (isinstance(num_state_checkpoints, bool) or not isinstance(num_state_checkpoints, int)
+            or num_state_checkpoints < 0):
+        raise ValueError(f"num_state_checkpoints debe ser un entero >= 0; se recibió "
+                         f"{num_state_checkpoints!r}")
 
 
 def memory_budget(config: ModelConfig, gpu_memory_bytes: float, *, max_len: int,
@@ -310,31 +323,39 @@ def memory_budget(config: ModelConfig, gpu_memory_bytes: float, *, max_len: int,
                   weights_bytes: float | None = None,
                   weight_format: str | WeightFormat | None = None,
                   kv_scale_dtype: str | torch.dtype | None = None,
-                  state_dtype: str | torch.dtype = DEFAULT_STATE_DTYPE) -> MemoryBudget:
+                  state_dtype: str | torch.dtype = DEFAULT_STATE_DTYPE,
+                  num_state_checkpoints: int = 0) -> MemoryBudget:
     """Sequences that fit in ``utilization`` x ``gpu_memory_bytes`` once the weights are loaded.
 
     ``weights_bytes`` overrides the exact weight size computed from the config (for example the
     nominal "7B x 2 bytes = 14 GB" of a back-of-the-envelope estimate). ``weight_format``: the
     weights are quantized (see ``weight_bytes``); the KV cache stays at ``kv_dtype or dtype``
     (``kv_scale_dtype``: a quantized cache's per token-and-head scales, see
-    ``kv_bytes_per_token``). A hybrid's state per sequence is counted at ``state_dtype``.
+    ``kv_bytes_per_token``). A hybrid's state per sequence is counted at ``state_dtype``;
+    ``num_state_checkpoints`` more states (its prefix-cache checkpoints, see
+    ``engine.state_slots``) come out of the budget first.
     """
-    if not 0 < utilization <= 1:
-        raise ValueError(f"utilization debe estar en (0, 1]; se recibió {utilization}")
     if max_len < 1 or (typical_len is not None and typical_len < 1):
         raise ValueError(f"max_len y typical_len deben ser >= 1; se recibieron {max_len} y "
                          f"{typical_len}")
     typical_len = max_len if typical_len is None else typical_len
     w = (weight_bytes(config, dtype, weight_format=weight_format) if weights_bytes is None
          else float(weights_bytes))
-    budget = gpu_memory_bytes * utilization - w
+    _check_budget_options(utilization, num_state_checkpoints)
+    state = state_bytes_per_sequence(config, state_dtype)
+    checkpoints = num_state_checkpoints * state
+    budget = gpu_memory_bytes * utilization - w - checkpoints
+    if budget <= 0 and checkpoints:
+        raise ValueError(
+            f"los pesos ({es(w / 1e9, 2)} GB) y {num_state_checkpoints} puntos de control del "
+            f"estado ({es(checkpoints / 1e9, 2)} GB) no caben en {es(utilization, 2)} × "
+            f"{es(gpu_memory_bytes / 1e9, 2)} GB: no queda sitio para la caché KV")
     if budget <= 0:
         raise ValueError(
             f"los pesos ({es(w / 1e9, 2)} GB) no caben en {es(utilization, 2)} × "
             f"{es(gpu_memory_bytes / 1e9, 2)} GB: no queda sitio para la caché KV"
         )
     per_token = kv_bytes_per_token(config, dtype if kv_dtype is None else kv_dtype, kv_scale_dtype)
-    state = state_bytes_per_sequence(config, state_dtype)
     return MemoryBudget(
         gpu_memory_bytes=float(gpu_memory_bytes), utilization=utilization, weight_bytes=w,
         kv_budget_bytes=budget, kv_bytes_per_token=per_token, max_len=max_len,
@@ -342,5 +363,83 @@ def memory_budget(config: ModelConfig, gpu_memory_bytes: float, *, max_len: int,
         static_slots=math.floor(budget / (per_token * max_len + state)),
         on_demand_sequences=math.floor(budget / (per_token * typical_len + state)),
         max_tokens=math.floor(budget / per_token),
-        state_bytes_per_sequence=state,
+        state_bytes_per_sequence=state, state_checkpoint_bytes=checkpoints,
     )
+
+
+def state_page_block_size(config: ModelConfig, *, kv_dtype: str | torch.dtype = "bf16",
+                          recurrent_dtype: str | torch.dtype = DEFAULT_STATE_DTYPE,
+                          conv_dtype: str | torch.dtype = "bf16", alignment: int = 16) -> int:
+    """The block size vLLM gives a hybrid so that one block of an attention layer's KV takes at
+    least the bytes of one linear layer's state (its "page"): the smallest multiple of
+    ``alignment`` (the attention kernels' block granularity) with ``block x KV bytes per token
+    of one attention layer >= state bytes of one linear layer``. vLLM logs it as "Setting
+    attention block size to N tokens to ensure that attention page size is >= mamba page size";
+    as prefix caching works in whole blocks, it is also the checkpoint interval, and prompts
+    shorter than it never hit (vLLM issue #40696 reports 528 tokens for Qwen3.5). Defaults: the
+    recurrent state in float32 and the convolution window and KV in bf16, as vLLM keeps them
+    for Qwen3.5 (with them the ``qwen3.5-9b`` preset gives 528). 0 for a model without linear
+    layers (nothing to align)."""
+    if not config.is_hybrid:
+        return 0
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1:
+        raise ValueError(f"alignment debe ser un entero >= 1; se recibió {alignment!r}")
+    per_layer_state = (recurrent_state_bytes(config, recurrent_dtype)
+                       + conv_state_bytes(config, conv_dtype)) / config.num_linear_layers
+    per_layer_token = kv_bytes_per_token(config, kv_dtype) / config.num_attention_layers
+    return math.ceil(per_layer_state / per_layer_token / alignment) * alignment
+
+
+@dataclass(frozen=True)
+class SequencesThatFit:
+    """How many sequences of ``context_len`` tokens fit on a GPU of ``gpu_memory_gb`` GB
+    (``sequences_that_fit``): bytes of the weights, and per sequence of its KV (attention layers
+    only) and of its fixed state (linear layers; 0 for a transformer)."""
+
+    model: str
+    gpu_memory_gb: float
+    context_len: int
+    weight_bytes: float
+    kv_bytes_per_sequence: float
+    state_bytes_per_sequence: float
+    state_checkpoint_bytes: float
+    sequences: int
+    weights_fit: bool  # the weights (and checkpoints) leave room for any KV at all
+
+    @property
+    def bytes_per_sequence(self) -> float:
+        return self.kv_bytes_per_sequence + self.state_bytes_per_sequence
+
+
+def sequences_that_fit(config: ModelConfig | str, gpu_memory_gb: float, context_len: int, *,
+                       dtype: str | torch.dtype = "bf16", kv_dtype: str | torch.dtype | None = None,
+                       utilization: float = 1.0, num_state_checkpoints: int = 0,
+                       state_dtype: str | torch.dtype = DEFAULT_STATE_DTYPE) -> SequencesThatFit:
+    """Sequences of ``context_len`` tokens each that fit on a GPU of ``gpu_memory_gb`` GB (1e9
+    bytes, as datasheets count; ``utilization``: the fraction the engine may take) once the
+    weights (``dtype``) are loaded: each pays its KV (``kv_dtype or dtype``) and, for a hybrid,
+    its fixed state (``state_dtype``); ``num_state_checkpoints`` prefix-cache checkpoints are
+    taken first. ``config``: a ``ModelConfig`` or a preset name (``"qwen3.5-9b"``,
+    ``"llama-3.1-8b"``...). 0 sequences when not even the weights fit (no error: that is the
+    answer)."""
+    if isinstance(config, str):
+        from .presets import get_preset
+        config = get_preset(config)
+    if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
+        raise ValueError(f"context_len debe ser un entero >= 1; se recibió {context_len!r}")
+    if isinstance(gpu_memory_gb, bool) or not isinstance(gpu_memory_gb, (int, float)) \
+            or not gpu_memory_gb > 0:
+        raise ValueError(f"gpu_memory_gb debe ser un número > 0 (GB de 1e9 bytes); se recibió "
+                         f"{gpu_memory_gb!r}")
+    _check_budget_options(utilization, num_state_checkpoints)
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
+    w = weight_bytes(config, dtype)
+    state = state_bytes_per_sequence(config, state_dtype)
+    fits = gpu_memory_gb * 1e9 * utilization > w + num_state_checkpoints * state
+    sequences = memory_budget(config, gpu_memory_gb * 1e9, max_len=context_len,
+                              utilization=utilization, dtype=dtype, kv_dtype=kv_dtype,
+                              state_dtype=state_dtype,
+                              num_state_checkpoints=num_state_checkpoints).static_slots if fits else 0
+    return SequencesThatFit(config.name, float(gpu_memory_gb), context_len, w,
+                            kv_bytes(config, context_len, 1, kv_dtype), state,
+                            num_state_checkpoints * state, sequences, fits)

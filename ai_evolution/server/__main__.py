@@ -51,6 +51,12 @@ def parser() -> argparse.ArgumentParser:
                    help="bloques de la caché paginada (por defecto: la memoria de max-num-seqs filas)")
     p.add_argument("--block-size", type=int, default=16, help="tokens por bloque (por defecto 16)")
     p.add_argument("--no-prefix-caching", action="store_true", help="desactiva la caché de prefijos")
+    p.add_argument("--state-checkpoint-interval", type=int, default=None,
+                   help="modelo híbrido: tokens entre puntos de control del estado, un múltiplo "
+                        "de --block-size (por defecto, el tamaño de bloque)")
+    p.add_argument("--num-state-checkpoints", type=int, default=None,
+                   help="modelo híbrido: puntos de control del estado que se guardan (por "
+                        "defecto, uno por intervalo que caben en los bloques de KV)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="presupuesto de tokens por paso (por defecto: sin límite)")
     p.add_argument("--enable-chunked-prefill", action="store_true", help="prefill troceado")
@@ -135,7 +141,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         decode_graphs=None if args.enforce_eager else "auto",
                         batch_invariant=args.batch_invariant,
                         scheduling_policy=args.scheduling_policy,
-                        tensor_parallel_size=args.tensor_parallel_size)
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        state_checkpoint_interval=args.state_checkpoint_interval,
+                        num_state_checkpoints=args.num_state_checkpoints)
 
 
 def tenants_config(args: argparse.Namespace) -> Tenants:

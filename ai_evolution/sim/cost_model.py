@@ -92,7 +92,8 @@ class StepCost:
 def step_cost(config: ModelConfig, query_lens: Sequence[int], context_lens: Sequence[int],
               dtype: str | torch.dtype = "bf16",
               kv_dtype: str | torch.dtype | None = None, *,
-              weight_format: str | WeightFormat | None = None) -> StepCost:
+              weight_format: str | WeightFormat | None = None,
+              num_state_copies: int = 0) -> StepCost:
     """Cost of one step that adds ``query_lens[i]`` tokens to sequence ``i``, which then holds
     ``context_lens[i]`` tokens (so ``context_lens[i] >= query_lens[i]``). ``weight_format``: the
     linear weights are quantized (``weight_bytes_read``); FLOPs are the same.
@@ -101,7 +102,8 @@ def step_cost(config: ModelConfig, query_lens: Sequence[int], context_lens: Sequ
     4 x heads x head_dim x (p+1) FLOPs per attention layer. KV bytes: each sequence's whole cache
     read once. A hybrid's linear layers add ``state_flops_per_token`` per token and read and write
     each sequence's state once per step (float32, ``state_bytes_per_sequence``), whatever its
-    length.
+    length; ``num_state_copies`` whole states more are read and written: prefix caching's
+    checkpoints saved and restored in the step (``engine.state_slots``).
     """
     if len(query_lens) != len(context_lens) or not query_lens:
         raise ValueError("query_lens y context_lens no pueden estar vacías y deben tener la misma longitud")
@@ -118,7 +120,8 @@ def step_cost(config: ModelConfig, query_lens: Sequence[int], context_lens: Sequ
                     weight_bytes=weight_bytes_read(config, dtype, tokens,
                                                    weight_format=weight_format), kv_bytes=kv_b,
                     num_seqs=len(query_lens),
-                    state_bytes=2 * state_bytes_per_sequence(config) * len(query_lens))
+                    state_bytes=2 * state_bytes_per_sequence(config)
+                    * (len(query_lens) + num_state_copies))
 
 
 def decode_step_cost(config: ModelConfig, batch_size: int = 1, context_len: int = 0,

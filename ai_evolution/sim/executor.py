@@ -106,10 +106,12 @@ class SimExecutor:
     def idle_until(self, t: float) -> None:
         self.clock = max(self.clock, t)
 
-    def step_time_s(self, query_lens: list[int], context_lens: list[int]) -> float:
+    def step_time_s(self, query_lens: list[int], context_lens: list[int],
+                    num_state_copies: int = 0) -> float:
         return self.cost_model.step_time_s(step_cost(self.config, query_lens, context_lens,
                                                      self.dtype, self.kv_dtype,
-                                                     weight_format=self.weight_format))
+                                                     weight_format=self.weight_format,
+                                                     num_state_copies=num_state_copies))
 
     def draft_time_s(self, out: SchedulerOutput) -> float:
         """What proposing this step's drafts cost: ``k`` decode steps of the draft model per
@@ -123,8 +125,9 @@ class SimExecutor:
                    for s in out.scheduled for j in range(len(s.draft_token_ids)))
 
     def execute(self, out: SchedulerOutput) -> StepResult:
+        copies = sum(len(s.state_saves) + (s.state_restore is not None) for s in out.scheduled)
         dt = self.step_time_s([s.num_tokens for s in out.scheduled],
-                              [s.context_len for s in out.scheduled]) + self.draft_time_s(out)
+                              [s.context_len for s in out.scheduled], copies) + self.draft_time_s(out)
         self.clock += dt
         self.step_times.append(dt)
         return StepResult({s.request_id: self._verified(s.draft_token_ids)
@@ -151,17 +154,20 @@ def sim_engine(config: ModelConfig, cost_model: RooflineCostModel, max_num_seqs:
                max_model_len: int, policy="continuous", dtype: str | torch.dtype = "bf16", kv=None,
                max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = False,
                weight_format: str | None = None, speculation: SimSpeculation | None = None,
-               scheduling_policy="fcfs"):
+               scheduling_policy="fcfs", state_checkpoint_interval: int | None = None):
     """An ``LLMEngine`` whose scheduler is the real one and whose executor is simulated: the
     builder's engine with a ``SimExecutor`` (``kv``: the scheduler's KV manager; default,
     contiguous rows; ``weight_format``: the weights are quantized, as in
     ``cost_model.step_cost``; ``speculation``: speculative steps, see ``SimSpeculation``;
-    ``scheduling_policy``: see ``EngineConfig``)."""
+    ``scheduling_policy``, ``state_checkpoint_interval`` (a hybrid with a paged ``kv`` that
+    caches prefixes): see ``EngineConfig``)."""
     from ..engine.config import EngineConfig, build_engine
     engine_config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, policy=policy,
                                  max_num_batched_tokens=max_num_batched_tokens,
                                  enable_chunked_prefill=enable_chunked_prefill,
-                                 scheduling_policy=scheduling_policy)
+                                 scheduling_policy=scheduling_policy,
+                                 block_size=16 if kv is None else kv.block_size,
+                                 state_checkpoint_interval=state_checkpoint_interval)
     engine = build_engine(config, engine_config, kv=kv,
                           executor=SimExecutor(config, cost_model, dtype, weight_format=weight_format,
                                                speculation=speculation))
