@@ -83,3 +83,28 @@ def test_sweep_rows_cover_every_combination():
     assert [(r["link"], r["tp"], r["batch_size"]) for r in rows] == [
         (l, t, b) for l in ("nvlink", "pcie") for t in (1, 2) for b in (1, 4)]
     assert all(r["tokens_per_s"] == pytest.approx(r["batch_size"] / r["step_s"]) for r in rows)
+
+
+def test_fit_allreduce_recovers_a_ring_link_from_exact_times():
+    from ai_evolution.hardware.allreduce import fit_allreduce
+    link = Interconnect("x", 2e9, 3e-5)
+    rows = [{"bytes": b, "world_size": 2, "median_s": ring_allreduce_s(b, 2, link)}
+            for b in (4096, 65536, 2**20)]
+    fitted = fit_allreduce(rows)
+    assert fitted.latency_s == pytest.approx(3e-5, rel=1e-6)
+    assert fitted.bandwidth_bytes_per_s == pytest.approx(2e9, rel=1e-6)
+    with pytest.raises(ValueError, match="dos tamaños"):
+        fit_allreduce(rows[:1])
+
+
+def test_measured_gloo_allreduce_on_two_processes():
+    from ai_evolution.hardware.allreduce import fit_allreduce, measure_allreduce
+    rows = measure_allreduce((4096, 2**20), repeats=3, warmup=1)
+    assert [r["bytes"] for r in rows] == [4096, 2**20]
+    for r in rows:
+        assert len(r["times_s"]) == 3 and 0 < r["min_s"] <= r["median_s"]
+        assert r["busbw_bytes_per_s"] == pytest.approx(r["algbw_bytes_per_s"])  # p = 2: factor 1
+    link = fit_allreduce(rows)
+    assert link.latency_s >= 0 and link.bandwidth_bytes_per_s > 0
+    with pytest.raises(ValueError, match="world_size"):
+        measure_allreduce((4096,), world_size=1)
