@@ -77,3 +77,17 @@ def test_compare_policies_rows_and_determinism():
     assert compare_policies(wl, [2], MAKE)[0] == rows[0]
     with pytest.raises(ValueError, match="num_replicas"):
         simulate_routing("round-robin", wl, 0, MAKE)
+
+
+def test_routing_study_at_n8_prefix_affinity_keeps_the_hits_round_robin_loses():
+    """A small version of the chapter's study: with a cache that cannot hold every system prompt
+    on every replica, round-robin's hit rate falls as N grows and prefix-affinity's does not."""
+    from ai_evolution.sim.routing import routing_study
+    study = routing_study(0, (2, 8), policies=("round-robin", "prefix-affinity"),
+                          sessions_per_replica=10, system_prompts_per_replica=2, system_len=512,
+                          turns=2, turn_len=64, output_len=8, num_blocks=512)
+    by = {(r["num_replicas"], r["policy"]): r for r in study["rows"]}
+    assert by[(8, "round-robin")]["hit_rate"] < by[(2, "round-robin")]["hit_rate"]
+    assert by[(8, "prefix-affinity")]["hit_rate"] > by[(8, "round-robin")]["hit_rate"]
+    assert by[(8, "prefix-affinity")]["ttft_p50_s"] <= by[(8, "round-robin")]["ttft_p50_s"]
+    assert study["settings"]["num_blocks"] == 512

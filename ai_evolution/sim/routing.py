@@ -110,4 +110,41 @@ def compare_policies(workload: Sequence, replica_counts: Sequence[int],
             for n in replica_counts for p in policies]
 
 
-__all__ = ["compare_policies", "reusable_tokens", "routing_engine_factory", "simulate_routing"]
+def routing_study(seed: int = 0, replica_counts: Sequence[int] = (2, 4, 8), *,
+                  model: str = "llama-3.1-8b", device: str = "h100-sxm",
+                  policies: Sequence[str] = POLICIES, sessions_per_replica: int = 40,
+                  rate_per_replica: float = 12.0, system_prompts_per_replica: int = 4,
+                  system_len: int = 1536, turns: int = 3, turn_len: int = 128,
+                  output_len: int = 64, num_blocks: int = 2048, max_num_seqs: int = 32,
+                  max_model_len: int = 4096) -> dict:
+    """The chapter's comparison: for each replica count N, a workload that grows with N (N x
+    ``sessions_per_replica`` conversations of ``turns`` turns over N x
+    ``system_prompts_per_replica`` system prompts, N x ``rate_per_replica`` requests/s, seeded by
+    ``seed``), routed by every policy over N simulated ``device``s serving ``model`` from the
+    datasheet roofline, each with ``num_blocks`` KV blocks of 16 tokens (a cache that cannot hold
+    every system prompt: where a router's choice decides what is cached). Returns
+    ``{"settings": {...}, "rows": [simulate_routing's dict per (N, policy)]}``."""
+    from ..hardware import get_device_spec
+    from ..loadgen.shared_prefix import prefix_sharing_workload
+    from ..model.presets import get_preset
+    config = get_preset(model)
+    make = routing_engine_factory(config, RooflineCostModel.from_device_spec(get_device_spec(device)),
+                                  max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                  num_blocks=num_blocks)
+    rows = []
+    for n in replica_counts:
+        workload = prefix_sharing_workload(
+            n * sessions_per_replica, n * rate_per_replica, config.vocab_size, seed,
+            num_system_prompts=n * system_prompts_per_replica, system_len=system_len, turns=turns,
+            turn_len=turn_len, output_len=output_len)
+        rows += compare_policies(workload, [n], make, policies)
+    settings = dict(seed=seed, model=model, device=device, sessions_per_replica=sessions_per_replica,
+                    rate_per_replica=rate_per_replica,
+                    system_prompts_per_replica=system_prompts_per_replica, system_len=system_len,
+                    turns=turns, turn_len=turn_len, output_len=output_len, num_blocks=num_blocks,
+                    block_size=16, max_num_seqs=max_num_seqs)
+    return {"settings": settings, "rows": rows}
+
+
+__all__ = ["compare_policies", "reusable_tokens", "routing_engine_factory", "routing_study",
+           "simulate_routing"]
