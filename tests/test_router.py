@@ -140,8 +140,9 @@ def _free_port() -> int:
 
 
 class FakeReplica:
-    def __init__(self, name: str, token_delay_s: float = 0.0, tokens: int = 3) -> None:
-        self.port = _free_port()
+    def __init__(self, name: str, token_delay_s: float = 0.0, tokens: int = 3,
+                 port: int | None = None) -> None:
+        self.port = _free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = name
         self.proc = subprocess.Popen([sys.executable, str(HERE / "fake_replica.py"), str(self.port),
@@ -264,6 +265,21 @@ def test_no_healthy_replica_is_503_in_openai_shape(fakes):
                           json={"messages": [], "stream": True}).status_code == 503
 
 
+def test_a_replica_that_comes_back_is_put_back_by_the_health_check(fakes):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with serve_router_in_thread([url], "round-robin", health_interval_s=0.2) as router:
+        assert httpx.post(router.base_url + "/v1/completions", json={"prompt": "x"}).status_code == 503
+        fakes("A", port=port)
+        deadline = time.monotonic() + 10
+        while not httpx.get(router.base_url + "/replicas").json()["replicas"][0]["healthy"]:
+            assert time.monotonic() < deadline, "la réplica no volvió a la rotación"
+            time.sleep(0.1)
+        r = httpx.post(router.base_url + "/v1/completions", json={"prompt": "x"})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith("A ")
+        assert httpx.get(router.base_url + "/health").json()["healthy_replicas"] == 1
+
+
 def test_every_replica_failing_is_502(fakes):
     a = fakes("A", token_delay_s=0.3, tokens=4)
     with serve_router_in_thread([a.url], "round-robin", health_interval_s=5) as router:
@@ -332,3 +348,22 @@ def test_prefix_affinity_hit_rate_above_round_robin_on_shared_system_prompts(tin
                                reason="prefix_hit") for s in tiny_replicas)
             assert hits == len(workload) - 3   # every request but each system prompt's first
     assert rates["prefix-affinity"] > rates["round-robin"], rates
+
+
+def test_router_answers_exactly_what_the_replica_answers(tiny_replicas):
+    direct = tiny_replicas[0].base_url
+    with serve_router_in_thread([direct], "least-outstanding") as router:
+        for path, body in (("/v1/completions", {"model": "tiny-es", "prompt": "Había una vez",
+                                                "max_tokens": 6, "temperature": 0}),
+                           ("/v1/chat/completions", {"model": "tiny-es", "max_tokens": 6,
+                                                     "temperature": 0, "messages": [
+                                                         {"role": "user", "content": "Hola"}]})):
+            a = httpx.post(direct + path, json=body, timeout=60).json()
+            b = httpx.post(router.base_url + path, json=body, timeout=60).json()
+            key = "text" if path == "/v1/completions" else "message"
+            assert a["choices"][0][key] == b["choices"][0][key]
+        bad = httpx.post(router.base_url + "/v1/completions", json={"model": "tiny-es",
+                                                                    "prompt": "x", "top_p": 7})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_p"   # the replica's
+        models = httpx.get(router.base_url + "/v1/models").json()
+        assert models["data"][0]["id"] == "tiny-es"
