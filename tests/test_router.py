@@ -190,8 +190,15 @@ def _metric(text: str, name: str, **labels) -> float:
     return 0.0
 
 
+def _wait_outstanding(base_url: str, want: list[int], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while [r["outstanding"] for r in httpx.get(base_url + "/replicas").json()["replicas"]] != want:
+        assert time.monotonic() < deadline, f"las peticiones no llegaron a {want} en curso"
+        time.sleep(0.02)
+
+
 def test_replica_killed_mid_run_is_taken_out_and_requests_keep_succeeding(fakes):
-    a, b = fakes("A", token_delay_s=0.15, tokens=4), fakes("B", token_delay_s=0.15, tokens=4)
+    a, b = fakes("A", token_delay_s=0.5, tokens=4), fakes("B", token_delay_s=0.5, tokens=4)
     with serve_router_in_thread([a.url, b.url], "round-robin", health_interval_s=0.5) as router:
         results = []
 
@@ -203,16 +210,17 @@ def test_replica_killed_mid_run_is_taken_out_and_requests_keep_succeeding(fakes)
         threads = [threading.Thread(target=one, args=(k,)) for k in range(6)]
         for t in threads:
             t.start()
-        time.sleep(0.3)   # every request is now in flight, half of them on B
+        _wait_outstanding(router.base_url, [3, 3])   # every request in flight, half on B
         b.kill()
         for t in threads:
             t.join(30)
         assert len(results) == 6 and all(status == 200 for status, _ in results), results
-        assert all(body["choices"][0]["text"].startswith("A ") for _, body in results[-3:])
+        # B's three were sent again to A, which answered every request
+        assert all(body["choices"][0]["text"].startswith("A ") for _, body in results)
         state = httpx.get(router.base_url + "/replicas").json()
         assert [r["healthy"] for r in state["replicas"]] == [True, False]
         after = [httpx.post(router.base_url + "/v1/completions",
-                            json={"model": "fake", "prompt": "otra"}, timeout=30) for _ in range(3)]
+                            json={"model": "fake", "prompt": "otra"}, timeout=30)]
         assert all(r.status_code == 200 and r.json()["choices"][0]["text"].startswith("A ")
                    for r in after)
         metrics = httpx.get(router.base_url + "/metrics").text
@@ -225,19 +233,22 @@ def test_replica_killed_mid_run_is_taken_out_and_requests_keep_succeeding(fakes)
 def test_stream_cut_after_first_bytes_ends_with_an_error_event(fakes):
     a, b = fakes("A", token_delay_s=0.2, tokens=8), fakes("B", token_delay_s=0.2, tokens=8)
     with serve_router_in_thread([a.url, b.url], "round-robin", health_interval_s=5) as router:
-        bodies = {}
+        bodies, started = {}, [threading.Event(), threading.Event()]
 
         def stream(k: int) -> None:
             with httpx.stream("POST", router.base_url + "/v1/completions",
                               json={"model": "fake", "prompt": "x", "stream": True},
                               timeout=30) as r:
-                bodies[k] = (r.status_code, b"".join(r.iter_bytes()).decode())
+                chunks = []
+                for chunk in r.iter_bytes():
+                    chunks.append(chunk)
+                    started[k].set()
+                bodies[k] = (r.status_code, b"".join(chunks).decode())
 
         threads = [threading.Thread(target=stream, args=(k,)) for k in range(2)]
         for t in threads:
             t.start()
-            time.sleep(0.1)
-        time.sleep(0.5)   # both streams have sent a token or two
+        assert all(e.wait(20) for e in started)   # both clients have read their first token
         b.kill()
         for t in threads:
             t.join(30)
