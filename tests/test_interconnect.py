@@ -108,3 +108,17 @@ def test_measured_gloo_allreduce_on_two_processes():
     assert link.latency_s >= 0 and link.bandwidth_bytes_per_s > 0
     with pytest.raises(ValueError, match="world_size"):
         measure_allreduce((4096,), world_size=1)
+
+
+def test_tp_scaling_from_the_smallest_tp_that_fits():
+    from ai_evolution.sim.interconnect import tp_scaling
+    rows = tp_sweep(LLAMA70, H100, batch_sizes=(1, 256), context_len=2048)
+    scaling = tp_scaling(rows)
+    first = {(s["link"], s["batch_size"]): s for s in scaling if s["tp"] == s["min_tp"]}
+    assert first[("nvlink", 1)]["min_tp"] == 2 and first[("nvlink", 256)]["min_tp"] == 8
+    assert all(s["speedup"] == 1 and s["per_gpu_efficiency"] == 1 for s in first.values())
+    eight = {(s["link"], s["batch_size"]): s for s in scaling if s["tp"] == 8}
+    assert eight[("nvlink", 1)]["speedup"] > eight[("pcie", 1)]["speedup"] > 1
+    assert eight[("pcie", 1)]["per_gpu_efficiency"] < eight[("nvlink", 1)]["per_gpu_efficiency"] < 1
+    assert {s["tp"] for s in scaling if s["batch_size"] == 256} == {8}   # TP < 8 cannot hold it
+    assert tp_scaling(tp_sweep(LLAMA70, H100, tps=(1,), batch_sizes=(1,))) == []  # nothing fits

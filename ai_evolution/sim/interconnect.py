@@ -194,6 +194,29 @@ def tp_sweep(config: ModelConfig, spec, tps: Sequence[int] = (1, 2, 4, 8),
     return rows
 
 
+def tp_scaling(rows: Sequence[dict]) -> list[dict]:
+    """For each (link, batch size) of ``tp_sweep`` rows: the smallest TP whose weights and KV fit
+    (``min_tp``), and for every TP that fits its ``speedup`` (step time of ``min_tp`` / its own)
+    and ``per_gpu_efficiency`` (its tokens/s per GPU / ``min_tp``'s): TP pays in latency when the
+    speedup is above 1, and pays for its GPUs when the efficiency stays near 1. Groups where no
+    TP fits are left out."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["link"], r["batch_size"]), []).append(r)
+    out = []
+    for (link, b), group in groups.items():
+        fitting = sorted((r for r in group if r["fits"]), key=lambda r: r["tp"])
+        if not fitting:
+            continue
+        base = fitting[0]
+        for r in fitting:
+            out.append({"link": link, "batch_size": b, "tp": r["tp"], "min_tp": base["tp"],
+                        "step_s": r["step_s"], "comm_fraction": r["comm_fraction"],
+                        "speedup": base["step_s"] / r["step_s"],
+                        "per_gpu_efficiency": r["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]})
+    return out
+
+
 __all__ = ["ASSUMED_LATENCY_S", "GPU_MEMORY_UTILIZATION", "Interconnect", "LINKS", "TPStep",
            "allreduce_bytes_per_step", "check_tp", "interconnect_of", "kv_share",
-           "ring_allreduce_s", "tp_decode_step", "tp_step", "tp_sweep"]
+           "ring_allreduce_s", "tp_decode_step", "tp_scaling", "tp_step", "tp_sweep"]
