@@ -1,7 +1,8 @@
 """Routing policies side by side on two real replicas: prefix-cache hit rate, TTFT p50/p99 and
 throughput, on a workload of shared system prompts and two-turn conversations.
 
-    python benchmarks/router.py [--reps 5] [--sessions 16] [--rate 4] [--system-len 192]
+    python benchmarks/router.py [--reps 5] [--sessions 16] [--rate 4 | --concurrency 8]
+                                [--system-len 192]
                                 [--policies round-robin,least-outstanding,prefix-affinity]
 
 Two ``python -m ai_evolution.server --model tiny-es --threads 1`` processes, each pinned to one
@@ -91,11 +92,11 @@ def prefix_counters(urls: list[str]) -> tuple[float, float]:
     return hits, queries
 
 
-def one_run(urls, policy: str, workload, marker: int) -> dict:
+def one_run(urls, policy: str, workload, marker: int, concurrency: int | None = None) -> dict:
     items = [WorkItem(w.arrival_time, [marker] + w.prompt_token_ids, w.params) for w in workload]
     before = prefix_counters(urls)
     with serve_router_in_thread(urls, policy) as router:
-        records = run_http(router.base_url, items, progress=False)
+        records = run_http(router.base_url, items, concurrency=concurrency, progress=False)
     after = prefix_counters(urls)
     failed = [r.error for r in records if r.error is not None]
     if failed:
@@ -116,13 +117,17 @@ def main() -> None:
     ap.add_argument("--turn-len", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=8)
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="clientes de un bucle cerrado (por defecto, bucle abierto a --rate: el "
+                         "caudal lo fija la llegada; con un bucle cerrado, lo fijan las réplicas)")
     args = ap.parse_args()
     policies = args.policies.split(",")
     procs, urls, pinned = start_replicas(2, 8)
     try:
         print(f"2 réplicas de tiny-es, {'cada una fijada a un núcleo (taskset)' if pinned else 'SIN fijar a núcleos'}; "
               f"{args.sessions} conversaciones de 2 turnos sobre {args.system_prompts} prompts de "
-              f"sistema de {args.system_len} tokens, {es(args.rate, 1)} peticiones/s, "
+              f"sistema de {args.system_len} tokens, "
+              f"{f'{args.concurrency} clientes en bucle cerrado' if args.concurrency else f'{es(args.rate, 1)} peticiones/s'}, "
               f"{args.reps} rondas (más una de calentamiento)")
         runs = {p: [] for p in policies}
         marker = 1
@@ -133,7 +138,7 @@ def main() -> None:
                                                turn_len=args.turn_len, output_len=args.output_len)
             order = policies[rep % len(policies):] + policies[:rep % len(policies)]
             for policy in order:
-                result = one_run(urls, policy, workload, marker)
+                result = one_run(urls, policy, workload, marker, args.concurrency)
                 marker += 1
                 if rep:
                     runs[policy].append(result)
