@@ -15,6 +15,11 @@ class DeviceSpec:
     'bf16', 'fp8', 'int8') to the DENSE peak in FLOP/s (OP/s for int8); datasheets often print
     the "with sparsity" figure, which is twice the dense one and which no dense GEMM reaches.
     Only dtypes the source publishes are present.
+
+    Interconnect (chapter 13), PER DIRECTION, as a ring all-reduce uses it (each GPU sends and
+    receives at once): ``nvlink_bytes_per_s`` (None without NVLink) and ``pcie_bytes_per_s``
+    (the GPU's PCIe link). Datasheets print the bidirectional total (H100 SXM: "NVLink 900 GB/s,
+    PCIe Gen5 128 GB/s"); the per-direction figure is half of it.
     """
 
     name: str
@@ -24,6 +29,9 @@ class DeviceSpec:
     has_bf16: bool
     source: str
     notes: str = ""
+    nvlink_bytes_per_s: float | None = None
+    pcie_bytes_per_s: float | None = None
+    interconnect_source: str = ""
 
 
 _HOPPER_FLOPS = {  # H100 SXM and H200 share the same GH100 compute
@@ -41,6 +49,10 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
         source="https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM datasheet)",
         notes="HBM3. The datasheet prints 1979 TFLOP/s bf16/fp16 and 3958 fp8 *with sparsity*; "
               "dense figures are half of those.",
+        nvlink_bytes_per_s=450e9,
+        pcie_bytes_per_s=64e9,
+        interconnect_source="H100 SXM datasheet: NVLink 900 GB/s and PCIe Gen5 128 GB/s, both "
+                            "bidirectional totals; halved here to per direction",
     ),
     "h200": DeviceSpec(
         name="NVIDIA H200 SXM 141GB",
@@ -51,6 +63,10 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
         source="https://www.nvidia.com/en-us/data-center/h200/ (H200 datasheet)",
         notes="HBM3e. Same compute as the H100 SXM: more and faster memory only, so it helps "
               "bandwidth-bound decode, not compute-bound prefill.",
+        nvlink_bytes_per_s=450e9,
+        pcie_bytes_per_s=64e9,
+        interconnect_source="H200 datasheet: NVLink 900 GB/s and PCIe Gen5 128 GB/s, both "
+                            "bidirectional totals; halved here to per direction",
     ),
     "a100-80gb": DeviceSpec(
         name="NVIDIA A100 80GB SXM",
@@ -63,6 +79,10 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
                "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
         notes="HBM2e; 2039 GB/s is the SXM figure (the PCIe card has 1935 GB/s). "
               "Sparsity doubles the tensor-core figures on the datasheet.",
+        nvlink_bytes_per_s=300e9,
+        pcie_bytes_per_s=32e9,
+        interconnect_source="A100 datasheet: NVLink 600 GB/s and PCIe Gen4 64 GB/s, both "
+                            "bidirectional totals; halved here to per direction",
     ),
     "l4": DeviceSpec(
         name="NVIDIA L4",
@@ -74,6 +94,9 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
         source="https://www.nvidia.com/en-us/data-center/l4/ (L4 datasheet)",
         notes="GDDR6. The datasheet prints 242 TFLOP/s fp16/bf16, 485 fp8/int8 and 120 tf32 "
               "*with sparsity*; dense figures are half of those.",
+        pcie_bytes_per_s=32e9,
+        interconnect_source="L4 datasheet: PCIe Gen4 x16 64 GB/s bidirectional, no NVLink; "
+                            "halved here to per direction",
     ),
     "t4": DeviceSpec(
         name="NVIDIA T4",
@@ -85,6 +108,9 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
                "t4-tensor-core-datasheet-951643.pdf",
         notes="GDDR6, Turing (compute capability 7.5): no bf16, so labs on a free Colab T4 "
               "serve in fp16. 65 TFLOP/s is mixed precision (fp16 in, fp32 accumulate).",
+        pcie_bytes_per_s=16e9,
+        interconnect_source="T4 datasheet: PCIe Gen3 x16, 32 GB/s interconnect bandwidth "
+                            "(bidirectional), no NVLink; halved here to per direction",
     ),
     "apple-m5-pro-laptop": DeviceSpec(
         name="Apple M5 Pro laptop (the machine of the course's class 000)",

@@ -83,6 +83,13 @@ def serve_in_thread(llm_or_engine, *, tokenizer=None, model_name: str | None = N
     engine, tokenizer = _engine_and_tokenizer(llm_or_engine, tokenizer)
     app = create_app(engine, tokenizer, model_name=model_name or default_model_name(tokenizer),
                      max_waiting=max_waiting, tenants=tenants)
+    return serve_app_in_thread(app, host=host, port=port, log_level=log_level,
+                               startup_timeout_s=startup_timeout_s)
+
+
+def serve_app_in_thread(app, *, host: str = "127.0.0.1", port: int = 0,
+                        log_level: str = "warning", startup_timeout_s: float = 60.0) -> ServerHandle:
+    """Serve any ASGI ``app`` (this server's, or the router's) from a background thread."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
