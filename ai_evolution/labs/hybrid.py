@@ -433,6 +433,27 @@ class use_delta_step:
         return False
 
 
+def greedy_logits(model, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+    """Greedy decoding of ``steps`` tokens after ``prompt`` (one sequence): the prompt runs the
+    chunked form, each new token the recurrent one (what ``use_delta_step`` replaces). Returns
+    the tokens and the logits each was chosen from, ``[steps, vocab]`` float32."""
+    config, p = model.config, next(model.parameters())
+    kv = ContiguousKVCache(config, 1, len(prompt) + steps, dtype=p.dtype, device=p.device)
+    state = LinearAttentionState(config, 1, device=p.device) if config.is_hybrid else None
+    ids = torch.tensor([prompt], device=p.device)
+    tokens, rows = [], []
+    with torch.inference_mode():
+        logits = model(ids, kv_cache=kv, state=state)[:, -1]
+        for i in range(steps):
+            rows.append(logits[0].float())
+            tokens.append(int(logits[0].argmax()))
+            if i + 1 < steps:
+                pos = torch.tensor([[len(prompt) + i]], device=p.device)
+                logits = model(torch.tensor([[tokens[-1]]], device=p.device), pos, kv_cache=kv,
+                               state=state)[:, -1]
+    return tokens, torch.stack(rows)
+
+
 # --- findings ------------------------------------------------------------------------------------
 def verdicts(context: dict, batching: dict, params: dict) -> dict[str, claims.Claim]:
     """Every claim of the page, by key."""
