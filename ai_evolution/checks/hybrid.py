@@ -74,11 +74,9 @@ def _state_hint(config: ModelConfig, b: float, got: float) -> str:
             "para la convolución, núcleo − 1 entradas de cada canal: consultas, claves y valores.")
 
 
-@self_check
-def check_state_bytes(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
-    """``fn(config, dtype_bytes) -> bytes``: the fixed state of one sequence."""
-    name = "bytes de estado por secuencia"
-    cases = state_cases(seed)
+def state_bytes_failure(name: str, fn: Callable, cases) -> CheckResult:
+    """The first of ``cases`` ((label, config, bytes per element)) where ``fn`` is not the
+    reference, as a failed result with its hint; or the passed result."""
     for i, (label, config, b) in enumerate(cases):
         want = reference_state_bytes(config, b)
         got, crash = call_student(name, fn, config, b)
@@ -94,6 +92,12 @@ def check_state_bytes(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -
                           _state_hint(config, b, float(got) if isinstance(got, (int, float))
                                       else -1.0))
     return passed(name, len(cases))
+
+
+@self_check
+def check_state_bytes(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
+    """``fn(config, dtype_bytes) -> bytes``: the fixed state of one sequence."""
+    return state_bytes_failure("bytes de estado por secuencia", fn, state_cases(seed))
 
 
 # --- exercise 2: one recurrent step against the chunked form -----------------------------------
@@ -131,7 +135,8 @@ def check_delta_step(fn: Callable, seed: int = 0, raise_on_fail: bool = True) ->
         want_out, want_state = gated_delta_chunked(q, k, v, decay, beta, s0, chunk_size=sizes["C"])
         B, T, H, Dk = k.shape
         S = torch.zeros(B, H, Dk, v.shape[-1]) if s0 is None else s0.clone()
-        shown = (f"{label}: B = {B}, H = {H}, Dk = {Dk}, Dv = {v.shape[-1]}, {T} tokens")
+        shown = (f"{label}: B = {B}, H = {H}, Dk = {Dk}, Dv = {v.shape[-1]}, "
+                 f"{es_count(T, 'token')}")
         for t in range(T):
             got, crash = call_student(name, fn, S.clone(), q[:, t].clone(), k[:, t].clone(),
                                       v[:, t].clone(), decay[:, t].clone(), beta[:, t].clone())
