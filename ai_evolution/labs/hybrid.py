@@ -27,6 +27,7 @@ the next part of this lab: see ``SECTIONS``.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -218,6 +219,14 @@ def build_models(configs: dict[str, ModelConfig], seed: int, device) -> dict:
 
 
 # --- 2. decode step against context (measured) ----------------------------------------------------
+def visiting_order(live: dict, rng: random.Random) -> list:
+    """The keys of ``live`` in a seeded random order, drawn anew for every step: what runs just
+    before a measurement (and what it left in the caches) is not always the same one."""
+    keys = list(live)
+    rng.shuffle(keys)
+    return keys
+
+
 def measure_context(models: dict, params: dict, seed: int) -> dict:
     """Per model and context: per round, the median decode step (s) over ``steps`` steps, and for
     the hybrid the median time inside its linear layers. Rounds interleave every context and
@@ -225,6 +234,7 @@ def measure_context(models: dict, params: dict, seed: int) -> dict:
     contexts, steps, rounds = params["contexts"], params["steps"], params["rounds"]
     room = (rounds + 1) * (steps + 1)
     live = {(m, c): Sequences(models[m], 1, c, room, seed + c) for m in MODELS for c in contexts}
+    order = random.Random(seed)
     timers = {m: MixerTimer(models[m], live[(m, contexts[0])].device) for m in MODELS
               if models[m].config.is_hybrid}
     out = {m: {str(c): {"step_s": [], "linear_s": []} for c in contexts} for m in MODELS}
@@ -234,9 +244,9 @@ def measure_context(models: dict, params: dict, seed: int) -> dict:
         for _ in range(rounds):
             times = {key: [] for key in live}
             linear = {key: [] for key in live}
-            for _ in range(steps):  # every step visits every context and model, in turn
-                for key, seq in live.items():
-                    timer = timers.get(key[0])
+            for _ in range(steps):  # every step visits every context and model
+                for key in visiting_order(live, order):
+                    seq, timer = live[key], timers.get(key[0])
                     if timer:
                         timer.reset()
                     times[key].append(seq.step_s())
@@ -301,12 +311,13 @@ def measure_batching(models: dict, params: dict, seed: int) -> dict:
             for m in MODELS for b in sizes}
     for s in live.values():
         s.step_s()
+    order = random.Random(seed)
     out = {m: {str(b): [] for b in sizes} for m in MODELS}
     for _ in range(rounds):
         times = {key: [] for key in live}
-        for _ in range(steps):  # every step visits every batch size and model, in turn
-            for key, seq in live.items():
-                times[key].append(seq.step_s())
+        for _ in range(steps):  # every step visits every batch size and model
+            for key in visiting_order(live, order):
+                times[key].append(live[key].step_s())
         for (m, b), t in times.items():
             out[m][str(b)].append(statistics.median(t))
     return out
@@ -644,8 +655,8 @@ SPEC = LabSpec(
                                max=1 << 16, by_profile={"ci": 128}),
         "steps": Param(9, int, "pasos de decodificación por medición (se toma la mediana)",
                        min=1, max=100, by_profile={"ci": 7}),
-        "rounds": Param(7, int, "rondas intercaladas (pares de cada comparación)", min=2,
-                        max=100, by_profile={"ci": 6}),
+        "rounds": Param(9, int, "rondas intercaladas (pares de cada comparación)", min=2,
+                        max=100),
         "flat_tolerance": Param(0.25, float, "cuánto puede crecer el tiempo de las capas "
                                 "lineales y seguir siendo plano", min=0.0, max=10.0),
         "tolerance": Param(0.25, float, "cuánto puede superar un paso su predicción antes de "
