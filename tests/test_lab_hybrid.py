@@ -50,7 +50,7 @@ def test_a_real_run_rebuilds_its_claims_and_its_memory_is_the_models(contract):
             assert len(r["context"][m][str(c)]["step_s"]) == FAST["rounds"]
         assert r["batching"][m]["batch_sizes"] == FAST["batch_sizes"]
         assert len(r["batching"][m]["round_ratios"][0]) == FAST["rounds"]
-    assert len(r["context"]["hybrid"]["8"]["linear_s"]) == FAST["rounds"]
+    assert len(r["context"]["hybrid"]["8"]["linear_s"]) == FAST["rounds"] * FAST["steps"]
     assert r["context"]["transformer"]["8"]["linear_s"] == []
     assert set(r["chapter_criteria"]) == {k for k, _ in lab.CRITERIA}
 

@@ -229,8 +229,9 @@ def visiting_order(live: dict, rng: random.Random) -> list:
 
 def measure_context(models: dict, params: dict, seed: int) -> dict:
     """Per model and context: per round, the median decode step (s) over ``steps`` steps, and for
-    the hybrid the median time inside its linear layers. Rounds interleave every context and
-    both models, so the machine's drift hits them alike. Measured time: volatile."""
+    the hybrid the time inside its linear layers at every step (``rounds x steps`` values; the
+    same step of every context is one pair: a few milliseconds apart). Rounds interleave every
+    context and both models, so the machine's drift hits them alike. Measured time: volatile."""
     contexts, steps, rounds = params["contexts"], params["steps"], params["rounds"]
     room = (rounds + 1) * (steps + 1)
     live = {(m, c): Sequences(models[m], 1, c, room, seed + c) for m in MODELS for c in contexts}
@@ -254,8 +255,7 @@ def measure_context(models: dict, params: dict, seed: int) -> dict:
                         linear[key].append(timer.linear_s)
             for (m, c), t in times.items():
                 out[m][str(c)]["step_s"].append(statistics.median(t))
-                if linear[(m, c)]:
-                    out[m][str(c)]["linear_s"].append(statistics.median(linear[(m, c)]))
+                out[m][str(c)]["linear_s"] += linear[(m, c)]  # every step: a pair per step
     finally:
         for t in timers.values():
             t.close()
@@ -292,7 +292,8 @@ def context_verdicts(context: dict, contexts: list[int],
         "context_linear_flat": claims.threshold(
             flat.median, 1 + flat_tolerance, scale=1, unit="veces", decimals=2,
             interval=flat if flat.n >= 2 else None,
-            what=f"tiempo dentro de las capas lineales del híbrido con {long} tokens / con {short}",
+            what=f"tiempo dentro de las capas lineales del híbrido con {long} tokens / con {short}, "
+                 f"paso a paso",
             passed=f"plano: las capas lineales tardan lo mismo con {long} tokens que con {short} "
                    f"(tolerancia del {tol} %), porque su estado no crece",
             failed=f"las capas lineales tardan más de un {tol} % más con más contexto",
