@@ -140,6 +140,9 @@ def test_batching_findings_find_the_departure_against_a_calibrated_roofline():
     assert v["batching_hybrid"].outcome == claims.FAILED
     assert v["batching_growth"].outcome == claims.HIGHER
     assert "lote 3" in lab.batching_sentence("hybrid", found["hybrid"])
+    # the calibration is on the smallest batch measured, whatever it is
+    curve = lab.predicted_curve(configs["hybrid"], [2, 4], 16, 2e-3, machine)
+    assert curve[0] == pytest.approx(2e-3) and curve[1] > curve[0]
 
 
 def test_bad_parameters_are_refused_in_spanish():

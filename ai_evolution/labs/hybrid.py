@@ -333,13 +333,13 @@ def probe_machine(device, params: dict) -> dict:
     return {"bandwidth_bytes_per_s": bw.median * 1e9, "peak_flops": mm.median * 1e9}
 
 
-def predicted_curve(config: ModelConfig, sizes: list[int], context: int, measured_b1: float,
+def predicted_curve(config: ModelConfig, sizes: list[int], context: int, measured_first: float,
                     machine: dict) -> list[float]:
     """The roofline prediction of each batch size's step, its fixed overhead calibrated so that
-    one sequence takes ``measured_b1``: weights read once, each sequence's KV and (hybrid) its
-    state read and written, at fp32."""
+    the first (smallest) batch, one sequence in the lab's profiles, takes ``measured_first``:
+    weights read once, each sequence's KV and (hybrid) its state read and written, at fp32."""
     model = RooflineCostModel(machine["bandwidth_bytes_per_s"], machine["peak_flops"])
-    model = model.calibrated(decode_step_cost(config, 1, context, "fp32"), measured_b1)
+    model = model.calibrated(decode_step_cost(config, sizes[0], context, "fp32"), measured_first)
     return [model.step_time_s(decode_step_cost(config, b, context, "fp32")) for b in sizes]
 
 
