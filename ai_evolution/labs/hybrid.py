@@ -655,8 +655,8 @@ SPEC = LabSpec(
         "batch_context": Param(256, int, "tokens de contexto de cada secuencia del lote", min=1,
                                max=1 << 16, by_profile={"ci": 128}),
         "steps": Param(9, int, "pasos de decodificación por medición (se toma la mediana)",
-                       min=1, max=100, by_profile={"ci": 7}),
-        "rounds": Param(9, int, "rondas intercaladas (pares de cada comparación)", min=2,
+                       min=1, max=100, by_profile={"ci": 5}),
+        "rounds": Param(15, int, "rondas intercaladas (pares de cada comparación)", min=2,
                         max=100),
         "flat_tolerance": Param(0.25, float, "cuánto puede crecer el tiempo de las capas "
                                 "lineales y seguir siendo plano", min=0.0, max=10.0),
