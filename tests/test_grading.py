@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KV = ROOT / "labs" / "02-kv-cache"
 KINDS = ["roofline", "kv_cache", "continuous_batching", "paged_attention", "scheduler",
          "observability", "quantization", "flash_attention", "speculative", "determinism",
-         "operations"]
+         "hybrid", "operations"]
 
 
 def rows(gradebook: Path) -> dict[str, dict]:
@@ -166,6 +166,9 @@ def good_measurement(kind: str) -> dict:
         return determinism_measurement()
     if kind == "operations":
         return operations_measurement()
+    if kind == "hybrid":
+        from ai_evolution.checks.hybrid import challenge_answer
+        return challenge_answer()
     budgets = get_spec(kind).resolve_params("ci", {})["budgets"]
     return {"normal_step_ms": 10.0} | {f"{k}_ms_budget_{b}": 12.0 + b for b in budgets
                                        for k in ("itl_p99", "ttft")}
@@ -793,6 +796,73 @@ def compare_runs(solo_tokens, solo_logits, batch_tokens, batch_logits):
     if len(a) != len(b) and a[:len(b)] == b[:len(a)]:
         out["first_token_step"] = None
     return out
+'''),
+    ],
+    "hybrid": [
+        ("state_bytes", "olvida la ventana de la convolución", '''
+def state_bytes(config, dtype_bytes=4.0):
+    return float(config.num_linear_layers * config.linear_num_value_heads
+                 * config.linear_key_head_dim * config.linear_value_head_dim * dtype_bytes)
+'''),
+        ("state_bytes", "una matriz por cabeza de clave, no de valor", '''
+def state_bytes(config, dtype_bytes=4.0):
+    if not config.num_linear_layers:
+        return 0.0
+    channels = (2 * config.linear_num_key_heads * config.linear_key_head_dim
+                + config.linear_num_value_heads * config.linear_value_head_dim)
+    per_layer = (config.linear_num_key_heads * config.linear_key_head_dim
+                 * config.linear_value_head_dim + channels * (config.linear_conv_kernel_dim - 1))
+    return float(config.num_linear_layers * per_layer * dtype_bytes)
+'''),
+        ("state_bytes", "cuenta todas las capas", '''
+_ok = state_bytes
+def state_bytes(config, dtype_bytes=4.0):
+    if not config.num_linear_layers:
+        return 0.0
+    return _ok(config, dtype_bytes) / config.num_linear_layers * config.num_layers
+'''),
+        ("delta_step", "escribe el valor entero, no la diferencia con la predicción", '''
+def delta_step(state, q, k, v, g, beta):
+    S = state.float() * g.float().exp()[..., None, None]
+    S = S + k.float()[..., :, None] * (v.float() * beta.float()[..., None])[..., None, :]
+    return torch.einsum("bhkv,bhk->bhv", S, q.float()), S
+'''),
+        ("delta_step", "se desvanece después de escribir", '''
+def delta_step(state, q, k, v, g, beta):
+    S = state.float()
+    delta = (v.float() - torch.einsum("bhkv,bhk->bhv", S, k.float())) * beta.float()[..., None]
+    S = (S + k.float()[..., :, None] * delta[..., None, :]) * g.float().exp()[..., None, None]
+    return torch.einsum("bhkv,bhk->bhv", S, q.float()), S
+'''),
+        ("delta_step", "lee el estado antes de escribir", '''
+def delta_step(state, q, k, v, g, beta):
+    S = state.float() * g.float().exp()[..., None, None]
+    out = torch.einsum("bhkv,bhk->bhv", S, q.float())
+    delta = (v.float() - torch.einsum("bhkv,bhk->bhv", S, k.float())) * beta.float()[..., None]
+    return out, S + k.float()[..., :, None] * delta[..., None, :]
+'''),
+        ("delta_step", "modifica el estado de entrada", '''
+def delta_step(state, q, k, v, g, beta):
+    state.mul_(g.exp()[..., None, None])
+    delta = (v - torch.einsum("bhkv,bhk->bhv", state, k)) * beta[..., None]
+    state.add_(k[..., :, None] * delta[..., None, :])
+    return torch.einsum("bhkv,bhk->bhv", state, q), state
+'''),
+        ("sequences_that_fit", "sin el estado", '''
+def sequences_that_fit(config, gpu_bytes, context_len, utilization=0.9):
+    free = utilization * gpu_bytes - weight_bytes(config, "bf16")
+    return int(free // (kv_bytes_per_token(config, "bf16") * context_len)) if free > 0 else 0
+'''),
+        ("sequences_that_fit", "sin restar los pesos", '''
+def sequences_that_fit(config, gpu_bytes, context_len, utilization=0.9):
+    per = kv_bytes_per_token(config, "bf16") * context_len + state_bytes(config, 4.0)
+    return int(utilization * gpu_bytes // per)
+'''),
+        ("sequences_that_fit", "redondea al entero más cercano", '''
+def sequences_that_fit(config, gpu_bytes, context_len, utilization=0.9):
+    free = utilization * gpu_bytes - weight_bytes(config, "bf16")
+    per = kv_bytes_per_token(config, "bf16") * context_len + state_bytes(config, 4.0)
+    return max(0, round(free / per))
 '''),
     ],
     "operations": [

@@ -26,6 +26,7 @@ _LABS: dict[str, str] = {
     "continuous_batching": "ai_evolution.labs.continuous_batching",
     "determinism": "ai_evolution.labs.determinism",
     "flash_attention": "ai_evolution.labs.flash_attention",
+    "hybrid": "ai_evolution.labs.hybrid",
     "kv_cache": "ai_evolution.labs.kv_cache",
     "observability": "ai_evolution.labs.observability",
     "operations": "ai_evolution.labs.operations",
