@@ -480,8 +480,8 @@ def measure_prefix_cache(models: dict, params: dict, seed: int) -> dict:
     tokens plus ``suffix_len`` of its own fills the cache, then ``prefix_requests`` more with
     the same prefix and other suffixes; their prompt tokens looked up, served from the cache and
     cut for lack of a checkpoint (``engine.kv_usage()``, differences over those requests) and
-    the state copies saved. Prefixes of different lengths share no block. Counts: the same
-    seed gives the same numbers."""
+    the state copies saved (the first request included). Prefixes of different lengths share
+    no block. Counts: the same seed gives the same numbers."""
     lengths, n, suffix = params["prefix_lengths"], params["prefix_requests"], params["suffix_len"]
     vocab = params["vocab_size"]
     out = {}
