@@ -13,7 +13,8 @@ from ai_evolution.generation import generate
 from ai_evolution.labs import LabParamError, run_lab, without_volatile
 from ai_evolution.labs import hybrid as lab
 from ai_evolution.model.linear_attention import LinearAttentionState
-from ai_evolution.reference.hybrid import reference_delta_step, reference_state_bytes
+from ai_evolution.reference.hybrid import (reference_delta_step, reference_reusable_tokens,
+                                           reference_state_bytes)
 
 # A real, small ``ci`` run (a few seconds): tiny models, two contexts, two batch sizes.
 FAST = dict(hidden_size=128, num_layers=4, vocab_size=64, contexts=[8, 64], batch_sizes=[1, 3],
@@ -172,7 +173,7 @@ def test_prefix_verdicts_take_the_branch_the_counts_call_for():
         return {"model": model, "interval": interval, "checkpoint_bytes": 1.0,
                 "rows": [{"prefix_len": L, "prompt_len": L + 3, "requests": 1, "hit_tokens": h,
                           "queried_tokens": L + 3, "truncated_tokens": 0, "checkpoint_saves": 1,
-                          "expected_hit_tokens": lab.expected_reuse(L, L + 3, interval)}
+                          "expected_hit_tokens": reference_reusable_tokens(L, L + 3, interval)}
                          for L, h in zip((4, 20), hits)]}
     ttft = {"prefix_len": 32, "cold_s": [2.0, 2.1, 1.9, 2.0, 2.2],
             "hit_s": [1.0, 1.1, 0.9, 1.0, 1.0], "hit_tokens": [32] * 5}
@@ -189,7 +190,7 @@ def test_prefix_verdicts_take_the_branch_the_counts_call_for():
     assert v["prefix_rule"].outcome == claims.FAILED
     assert "intervalo 16 con 4 tokens" in v["prefix_rule"].text
     assert v["prefix_ttft"].outcome == claims.INCONCLUSIVE
-    assert lab.expected_reuse(16, 16, 16) == 0  # one prompt token always left to compute
+    assert reference_reusable_tokens(16, 16, 16) == 0  # one prompt token always left to compute
 
 
 def test_bad_parameters_are_refused_in_spanish():

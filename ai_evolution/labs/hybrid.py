@@ -48,8 +48,8 @@ from ..model.attention import ContiguousKVCache
 from ..model.checkpoint import random_model
 from ..model.linear_attention import LinearAttentionState
 from ..model.memory import kv_bytes_per_token, state_bytes_per_sequence, weight_bytes
-from ..reference.hybrid import (reference_sequences_that_fit, reference_state_bytes,
-                                reference_state_crossover)
+from ..reference.hybrid import (reference_reusable_tokens, reference_sequences_that_fit,
+                                reference_state_bytes, reference_state_crossover)
 from ..sim import RooflineCostModel, decode_step_cost, departure_batch
 from ..timing import torch_threads
 from .contract import evidence as _ev, met_criteria_sentence, threads_limitation, timing_limitation
@@ -464,24 +464,20 @@ def random_tokens(n: int, vocab_size: int, rng: random.Random, first: int | None
     return ids
 
 
-def expected_reuse(shared_len: int, prompt_len: int, interval: int) -> int:
-    """Tokens a repeated request can take from the cache: the shared prefix cut down to a
-    multiple of ``interval`` (the block size for a transformer, the checkpoint interval for a
-    hybrid), one prompt token always left to compute (it yields the first token's logits)."""
-    return min(shared_len, prompt_len - 1) // interval * interval
-
-
 def _usage_delta(after: dict, before: dict, key: str) -> int:
     return int(after.get(key, 0) - before.get(key, 0))
 
 
-def measure_prefix_cache(models: dict, params: dict, seed: int) -> dict:
+def measure_prefix_cache(models: dict, params: dict, seed: int,
+                         reuse_fn: Callable = reference_reusable_tokens) -> dict:
     """Per setup (:func:`cache_setups`) and shared-prefix length L: one request of L shared
     tokens plus ``suffix_len`` of its own fills the cache, then ``prefix_requests`` more with
     the same prefix and other suffixes; their prompt tokens looked up, served from the cache and
     cut for lack of a checkpoint (``engine.kv_usage()``, differences over those requests) and
-    the state copies saved (the first request included). Prefixes of different lengths share
-    no block. Counts: the same seed gives the same numbers."""
+    the state copies saved (the first request included); beside them, the tokens
+    ``reuse_fn(shared_len, prompt_len, interval)`` expects (the student's exercise 4 in the
+    notebook). Prefixes of different lengths share no block. Counts: the same seed gives the
+    same numbers."""
     lengths, n, suffix = params["prefix_lengths"], params["prefix_requests"], params["suffix_len"]
     vocab = params["vocab_size"]
     out = {}
@@ -505,8 +501,8 @@ def measure_prefix_cache(models: dict, params: dict, seed: int) -> dict:
                                                           "prefix_truncated_tokens"),
                          "checkpoint_saves": _usage_delta(after, start,
                                                           "state_checkpoint_saves"),
-                         "expected_hit_tokens": n * expected_reuse(
-                             length, length + suffix, interval or params["cache_block_size"])})
+                         "expected_hit_tokens": n * int(reuse_fn(
+                             length, length + suffix, interval or params["cache_block_size"]))})
         usage = engine.kv_usage()
         out[label] = {"model": m, "interval": interval or params["cache_block_size"],
                       "checkpoint_bytes": (usage.get("state_checkpoint_capacity_bytes", 0)
@@ -545,7 +541,7 @@ def measure_prefix_ttft(models: dict, params: dict, seed: int) -> dict:
 def prefix_verdicts(cache: dict, ttft: dict, params: dict) -> dict[str, claims.Claim]:
     """The cliff (the hybrid with the largest interval reuses nothing of the prefixes shorter
     than it), the transformer on those same prefixes, whether every count follows
-    :func:`expected_reuse`, and the time to first token a hit saves."""
+    :func:`~ai_evolution.reference.hybrid.reference_reusable_tokens`, and the time to first token a hit saves."""
     top = params["checkpoint_intervals"][-1]
     short = [L for L in params["prefix_lengths"] if L < top]
     out = {}
