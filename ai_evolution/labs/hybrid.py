@@ -600,7 +600,8 @@ def prefix_sentences(cache: dict, ttft: dict) -> list[str]:
          f"{es_bytes(some['checkpoint_bytes'])} cada una: un intervalo más fino acierta con "
          f"prefijos más cortos a cambio de más copias en memoria."),
         (f"Con un prefijo de {ttft['prefix_len']} tokens en caché, el primer token llega "
-         f"{es(1e3 * saved, 1)} ms antes (mediana de {len(ttft['hit_s'])} pares)."),
+         f"{es(1e3 * abs(saved), 1)} ms {'antes' if saved >= 0 else 'después'} (mediana de "
+         f"{len(ttft['hit_s'])} pares)."),
     ]
 
 
