@@ -799,6 +799,18 @@ def compare_runs(solo_tokens, solo_logits, batch_tokens, batch_logits):
 '''),
     ],
     "hybrid": [
+        ("reusable_tokens", "no deja ningún token del prompt por calcular", '''
+def reusable_tokens(shared_len, prompt_len, interval):
+    return min(shared_len, prompt_len) // interval * interval
+'''),
+        ("reusable_tokens", "redondea hacia arriba, a un punto de control después del prefijo", '''
+def reusable_tokens(shared_len, prompt_len, interval):
+    return -(-min(shared_len, prompt_len - 1) // interval) * interval
+'''),
+        ("reusable_tokens", "reutiliza todo el prefijo compartido, sin puntos de control", '''
+def reusable_tokens(shared_len, prompt_len, interval):
+    return min(shared_len, prompt_len - 1)
+'''),
         ("state_bytes", "olvida la ventana de la convolución", '''
 def state_bytes(config, dtype_bytes=4.0):
     return float(config.num_linear_layers * config.linear_num_value_heads

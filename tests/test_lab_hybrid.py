@@ -13,11 +13,14 @@ from ai_evolution.generation import generate
 from ai_evolution.labs import LabParamError, run_lab, without_volatile
 from ai_evolution.labs import hybrid as lab
 from ai_evolution.model.linear_attention import LinearAttentionState
-from ai_evolution.reference.hybrid import reference_delta_step, reference_state_bytes
+from ai_evolution.reference.hybrid import (reference_delta_step, reference_reusable_tokens,
+                                           reference_state_bytes)
 
 # A real, small ``ci`` run (a few seconds): tiny models, two contexts, two batch sizes.
 FAST = dict(hidden_size=128, num_layers=4, vocab_size=64, contexts=[8, 64], batch_sizes=[1, 3],
-            batch_context=16, steps=2, rounds=3, probe_mib=16, probe_matmul=256)
+            batch_context=16, steps=2, rounds=3, probe_mib=16, probe_matmul=256,
+            cache_block_size=4, checkpoint_intervals=[4, 16], prefix_lengths=[2, 4, 12, 20],
+            prefix_requests=2, suffix_len=3, ttft_prefix=32, ttft_pairs=3)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -145,6 +148,51 @@ def test_batching_findings_find_the_departure_against_a_calibrated_roofline():
     assert curve[0] == pytest.approx(2e-3) and curve[1] > curve[0]
 
 
+def test_the_real_engine_shows_the_cliff_below_the_checkpoint_interval(contract):
+    cache = contract["results"]["prefix_cache"]
+    assert set(cache) == {"transformer", "hybrid-4", "hybrid-16"}
+    hits = {label: {r["prefix_len"]: r["hit_tokens"] for r in s["rows"]}
+            for label, s in cache.items()}
+    # 2 repeats of each prefix; a hit is the prefix cut to a multiple of the interval
+    assert hits["transformer"] == {2: 0, 4: 8, 12: 24, 20: 40}
+    assert hits["hybrid-4"] == hits["transformer"]
+    assert hits["hybrid-16"] == {2: 0, 4: 0, 12: 0, 20: 32}
+    # finer checkpoints: more state copies for the same workload
+    saves = {label: sum(r["checkpoint_saves"] for r in s["rows"]) for label, s in cache.items()}
+    assert saves["transformer"] == 0 and saves["hybrid-4"] > saves["hybrid-16"] > 0
+    ttft = contract["results"]["prefix_ttft"]
+    assert ttft["hit_tokens"] == [32] * 3 and len(ttft["cold_s"]) == 3
+    assert contract["results"]["chapter_criteria"]["prefix_cliff"] is True
+    assert contract["results"]["chapter_criteria"]["prefix_rule"] is True
+
+
+def test_prefix_verdicts_take_the_branch_the_counts_call_for():
+    params = {"checkpoint_intervals": [4, 16], "prefix_lengths": [4, 20]}
+
+    def setup(model, interval, hits):
+        return {"model": model, "interval": interval, "checkpoint_bytes": 1.0,
+                "rows": [{"prefix_len": L, "prompt_len": L + 3, "requests": 1, "hit_tokens": h,
+                          "queried_tokens": L + 3, "truncated_tokens": 0, "checkpoint_saves": 1,
+                          "expected_hit_tokens": reference_reusable_tokens(L, L + 3, interval)}
+                         for L, h in zip((4, 20), hits)]}
+    ttft = {"prefix_len": 32, "cold_s": [2.0, 2.1, 1.9, 2.0, 2.2],
+            "hit_s": [1.0, 1.1, 0.9, 1.0, 1.0], "hit_tokens": [32] * 5}
+    good = {"transformer": setup("transformer", 4, (4, 20)), "hybrid-4": setup("hybrid", 4, (4, 20)),
+            "hybrid-16": setup("hybrid", 16, (0, 16))}
+    v = lab.prefix_verdicts(good, ttft, params)
+    assert v["prefix_cliff"].outcome == claims.PASSED
+    assert v["prefix_transformer"].outcome == claims.PASSED
+    assert v["prefix_rule"].outcome == claims.PASSED
+    assert v["prefix_ttft"].outcome == claims.HIGHER
+    leaky = dict(good, **{"hybrid-16": setup("hybrid", 16, (4, 16))})  # a hit below the interval
+    v = lab.prefix_verdicts(leaky, dict(ttft, hit_s=ttft["cold_s"]), params)
+    assert v["prefix_cliff"].outcome == claims.FAILED
+    assert v["prefix_rule"].outcome == claims.FAILED
+    assert "intervalo 16 con 4 tokens" in v["prefix_rule"].text
+    assert v["prefix_ttft"].outcome == claims.INCONCLUSIVE
+    assert reference_reusable_tokens(16, 16, 16) == 0  # one prompt token always left to compute
+
+
 def test_bad_parameters_are_refused_in_spanish():
     with pytest.raises(LabParamError, match="múltiplo de full_every"):
         run_lab("hybrid", profile="ci", num_layers=6, full_every=4)
@@ -156,3 +204,7 @@ def test_bad_parameters_are_refused_in_spanish():
         run_lab("hybrid", profile="ci", hidden_size=200)
     with pytest.raises(LabParamError, match="valores aceptados"):
         run_lab("hybrid", profile="ci", kv_dtype="int3")
+    with pytest.raises(LabParamError, match="múltiplos de cache_block_size"):
+        run_lab("hybrid", profile="ci", checkpoint_intervals=[16, 40])
+    with pytest.raises(LabParamError, match="más corto que el mayor"):
+        run_lab("hybrid", profile="ci", checkpoint_intervals=[16], prefix_lengths=[16, 32])

@@ -14,7 +14,8 @@ import torch
 from ..fmt import es_bytes, es_count, es_sig, es_value
 from ..model import ModelConfig, get_preset
 from ..model.linear_attention import gated_delta_chunked, l2_normalize
-from ..reference.hybrid import (reference_sequences_that_fit, reference_state_bytes)
+from ..reference.hybrid import (reference_reusable_tokens, reference_sequences_that_fit,
+                                reference_state_bytes)
 from . import CheckResult, call_student, check_student_extension, failed, passed, self_check  # noqa: F401
 
 CHALLENGE_GPU_GB, CHALLENGE_UTILIZATION = 80.0, 0.9
@@ -213,6 +214,67 @@ def check_sequences_that_fit(fn: Callable, seed: int = 0,
             return failed(name, i, label, f"se esperaban {es_value(want)} secuencias (un entero) y "
                           f"su función devolvió {es_value(got)}.", hint)
     return passed(name, len(cases))
+
+
+# --- exercise 4: tokens a prefix hit can reuse -----------------------------------------------------
+def reuse_cases(seed: int = 0) -> list[tuple[str, int, int, int]]:
+    """(label, shared tokens, prompt tokens, interval)."""
+    rng = random.Random(seed)
+    cases = [("transformer, bloques de 16, prefijo de 40 tokens con 8 propios", 40, 48, 16),
+             ("híbrido, intervalo 256, prefijo de 200 tokens: más corto que el intervalo", 200,
+              210, 256),
+             ("híbrido, intervalo 64, prefijo de 128 tokens: justo en un punto de control", 128,
+              140, 64),
+             ("el mismo prompt de 128 tokens repetido entero, intervalo 64", 128, 128, 64),
+             ("intervalo 528 (el bloque de vLLM para Qwen3.5), prefijo de 1000 tokens", 1000,
+              1100, 528)]
+    for i in range(5):
+        interval = rng.choice((4, 16, 64, 256, 528))
+        shared = rng.randint(1, 4 * interval)
+        prompt = shared + rng.choice((0, 0, 1, rng.randint(2, 100)))
+        cases.append((f"aleatorio {i + 1} (prefijo de {shared} tokens, prompt de {prompt}, "
+                      f"intervalo {interval})", shared, prompt, interval))
+    return cases
+
+
+def _reuse_hint(shared: int, prompt: int, interval: int, got) -> str:
+    usable = min(shared, prompt - 1)
+    if isinstance(got, bool) or not isinstance(got, int):
+        return f"devuelva un número entero de tokens (int), no {type(got).__name__}."
+    if got == min(shared, prompt) // interval * interval:
+        return ("si el prompt entero está en la caché, algún token tiene que calcularse igual: "
+                "de él salen los logits del primer token nuevo.")
+    if got == -(-usable // interval) * interval:
+        return ("redondee hacia abajo, nunca hacia arriba: un punto de control que cae después del "
+                "prefijo compartido ya contiene tokens que esta petición no tiene.")
+    if got in (shared, usable):
+        return ("el motor solo puede reanudar donde guardó algo: en un límite de bloque (la KV) "
+                "y, en un híbrido, en un punto de control del estado; lo compartido se recorta "
+                "al último de ellos.")
+    return ("cuente solo lo que comparten los dos prompts, recortado al último punto donde el "
+            "motor puede reanudar (un múltiplo del intervalo), y deje un token por calcular.")
+
+
+def reuse_failure(name: str, fn: Callable, cases) -> CheckResult:
+    """The first of ``cases`` ((label, shared, prompt, interval)) where ``fn`` is not the
+    reference, as a failed result with its hint; or the passed result."""
+    for i, (label, shared, prompt, interval) in enumerate(cases):
+        want = reference_reusable_tokens(shared, prompt, interval)
+        got, crash = call_student(name, fn, shared, prompt, interval)
+        if crash:
+            return failed(name, i, label, crash)
+        if isinstance(got, bool) or not isinstance(got, int) or got != want:
+            return failed(name, i, label, f"se esperaban {es_value(want)} tokens (un entero) y su "
+                          f"función devolvió {es_value(got)}.",
+                          _reuse_hint(shared, prompt, interval, got))
+    return passed(name, len(cases))
+
+
+@self_check
+def check_reusable_tokens(fn: Callable, seed: int = 0, raise_on_fail: bool = True) -> CheckResult:
+    """``fn(shared_len, prompt_len, interval) -> int``: prompt tokens a request takes from the
+    prefix cache."""
+    return reuse_failure("tokens reutilizables de la caché de prefijos", fn, reuse_cases(seed))
 
 
 # --- the challenge -------------------------------------------------------------------------------

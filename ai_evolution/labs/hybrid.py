@@ -20,8 +20,13 @@ enough: memory and time depend on the shapes, not on what the weights say.
    and written each step); where each curve leaves its prediction.
 
 :func:`verdicts` turns the samples into :mod:`ai_evolution.claims` claims; :func:`report` into
-the contract's body. A section on prefix caching with state checkpoints (the hit-rate cliff) is
-the next part of this lab: see ``SECTIONS``.
+the contract's body.
+4. Prefix caching with state checkpoints (measured counts, :func:`measure_prefix_cache`): the
+   real engine (paged KV, prefix caching on) serves, per shared-prefix length, one request that
+   fills the cache and ``prefix_requests`` more with the same prefix and another suffix; the
+   prefix-cache hits are read from ``engine.kv_usage()``, for the transformer and for the hybrid
+   with each of ``checkpoint_intervals``. Counts, not timings: deterministic. Beside them, the
+   time to the first token saved by a hit (:func:`measure_prefix_ttft`, interleaved pairs).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -43,8 +48,8 @@ from ..model.attention import ContiguousKVCache
 from ..model.checkpoint import random_model
 from ..model.linear_attention import LinearAttentionState
 from ..model.memory import kv_bytes_per_token, state_bytes_per_sequence, weight_bytes
-from ..reference.hybrid import (reference_sequences_that_fit, reference_state_bytes,
-                                reference_state_crossover)
+from ..reference.hybrid import (reference_reusable_tokens, reference_sequences_that_fit,
+                                reference_state_bytes, reference_state_crossover)
 from ..sim import RooflineCostModel, decode_step_cost, departure_batch
 from ..timing import torch_threads
 from .contract import evidence as _ev, met_criteria_sentence, threads_limitation, timing_limitation
@@ -53,9 +58,8 @@ from .registry import LabParamError, LabSpec, Param
 MODELS = ("transformer", "hybrid")
 LABELS = {"transformer": "transformer", "hybrid": "híbrido"}
 GPU_PRESETS = ("qwen3.5-9b", "llama-3.1-8b")
-# The lab's sections, in order. The prefix-cache section (checkpoints of the state, the
-# hit-rate cliff) plugs in after "batching" with its own measure/verdict functions.
-SECTIONS = ("memory", "context", "batching")
+# The lab's sections, in order.
+SECTIONS = ("memory", "context", "batching", "prefix_cache")
 
 
 # --- the two models ------------------------------------------------------------------------------
@@ -413,6 +417,194 @@ def batching_verdicts(found: dict, tolerance: float) -> dict[str, claims.Claim]:
     return out
 
 
+# --- 4. prefix caching with state checkpoints (measured counts) ---------------------------------
+def cache_setups(params: dict) -> list[tuple[str, str, int | None]]:
+    """``(label, model, checkpoint interval)`` of every engine of section 4: the transformer
+    (its hits reach every full block), then the hybrid with each of ``checkpoint_intervals``."""
+    return [("transformer", "transformer", None)] + [
+        (f"hybrid-{i}", "hybrid", i) for i in params["checkpoint_intervals"]]
+
+
+def setup_label(label: str) -> str:
+    """A setup's name in Spanish prose."""
+    if label == "transformer":
+        return "transformer"
+    return f"híbrido, intervalo {label.split('-')[1]}"
+
+
+def prefix_engine(model, params: dict, interval: int | None, max_model_len: int):
+    """The real engine on ``model``: paged KV of ``cache_block_size``-token blocks, prefix
+    caching on, one request at a time (the counts depend on the cache, not on batching) and,
+    for the hybrid, state checkpoints every ``interval`` tokens."""
+    from ..engine.config import build_engine
+    return build_engine(model, kv_layout="paged", block_size=params["cache_block_size"],
+                        enable_prefix_caching=True, max_num_seqs=1,
+                        max_model_len=max_model_len, decode_graphs=None,
+                        state_checkpoint_interval=interval)
+
+
+def serve_first_token(engine, prompt: list[int], request_id: str) -> float:
+    """Serve one request up to its first token (``max_tokens=1``: the prefill and one sample)
+    alone on ``engine``; returns the wall seconds it took, its time to first token."""
+    from ..engine import SamplingParams
+    start = time.perf_counter()
+    engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True),
+                       request_id=request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return time.perf_counter() - start
+
+
+def random_tokens(n: int, vocab_size: int, rng: random.Random, first: int | None = None) -> list[int]:
+    """``n`` seeded random token ids (3.. vocab-1; ``first`` fixes the first one, so that two
+    prefixes with different ``first`` share no block)."""
+    ids = [rng.randrange(3, vocab_size) for _ in range(n)]
+    if first is not None and ids:
+        ids[0] = 3 + first % (vocab_size - 3)
+    return ids
+
+
+def _usage_delta(after: dict, before: dict, key: str) -> int:
+    return int(after.get(key, 0) - before.get(key, 0))
+
+
+def measure_prefix_cache(models: dict, params: dict, seed: int,
+                         reuse_fn: Callable = reference_reusable_tokens) -> dict:
+    """Per setup (:func:`cache_setups`) and shared-prefix length L: one request of L shared
+    tokens plus ``suffix_len`` of its own fills the cache, then ``prefix_requests`` more with
+    the same prefix and other suffixes; their prompt tokens looked up, served from the cache and
+    cut for lack of a checkpoint (``engine.kv_usage()``, differences over those requests) and
+    the state copies saved (the first request included); beside them, the tokens
+    ``reuse_fn(shared_len, prompt_len, interval)`` expects (the student's exercise 4 in the
+    notebook). Prefixes of different lengths share no block. Counts: the same seed gives the
+    same numbers."""
+    lengths, n, suffix = params["prefix_lengths"], params["prefix_requests"], params["suffix_len"]
+    vocab = params["vocab_size"]
+    out = {}
+    for label, m, interval in cache_setups(params):
+        engine = prefix_engine(models[m], params, interval, lengths[-1] + suffix + 1)
+        rng = random.Random(seed)
+        rows = []
+        for j, length in enumerate(lengths):
+            prefix = random_tokens(length, vocab, rng, first=j)
+            start = engine.kv_usage()
+            serve_first_token(engine, prefix + random_tokens(suffix, vocab, rng), f"{length}-fill")
+            before = engine.kv_usage()
+            for r in range(n):
+                serve_first_token(engine, prefix + random_tokens(suffix, vocab, rng),
+                                  f"{length}-{r}")
+            after = engine.kv_usage()
+            rows.append({"prefix_len": length, "prompt_len": length + suffix, "requests": n,
+                         "hit_tokens": _usage_delta(after, before, "prefix_hit_tokens"),
+                         "queried_tokens": _usage_delta(after, before, "prefix_queried_tokens"),
+                         "truncated_tokens": _usage_delta(after, before,
+                                                          "prefix_truncated_tokens"),
+                         "checkpoint_saves": _usage_delta(after, start,
+                                                          "state_checkpoint_saves"),
+                         "expected_hit_tokens": n * int(reuse_fn(
+                             length, length + suffix, interval or params["cache_block_size"]))})
+        usage = engine.kv_usage()
+        out[label] = {"model": m, "interval": interval or params["cache_block_size"],
+                      "checkpoint_bytes": (usage.get("state_checkpoint_capacity_bytes", 0)
+                                           / max(1, usage.get("state_checkpoint_capacity", 1))),
+                      "rows": rows}
+    return out
+
+
+def hit_rate(row: dict) -> float:
+    """Fraction of the looked-up prompt tokens served from the prefix cache."""
+    return row["hit_tokens"] / row["queried_tokens"] if row["queried_tokens"] else 0.0
+
+
+def measure_prefix_ttft(models: dict, params: dict, seed: int) -> dict:
+    """Time to first token of the hybrid (checkpoints every block) without and with a prefix
+    hit, side by side: each pair is a fresh prefix of ``ttft_prefix`` tokens served once (no
+    hit: the whole prefill) and again right after with another suffix (a hit: only the
+    suffix is computed, from the restored state). ``ttft_pairs`` pairs; measured: volatile."""
+    suffix, vocab, length = params["suffix_len"], params["vocab_size"], params["ttft_prefix"]
+    engine = prefix_engine(models["hybrid"], params, None, length + suffix + 1)
+    rng = random.Random(seed + 1)
+    serve_first_token(engine, random_tokens(length + suffix, vocab, rng, first=0), "warm-up")
+    cold, warm, hits = [], [], []
+    for k in range(params["ttft_pairs"]):
+        prefix = random_tokens(length, vocab, rng, first=k + 1)
+        cold.append(serve_first_token(engine, prefix + random_tokens(suffix, vocab, rng),
+                                      f"cold-{k}"))
+        before = engine.kv_usage()["prefix_hit_tokens"]
+        warm.append(serve_first_token(engine, prefix + random_tokens(suffix, vocab, rng),
+                                      f"hit-{k}"))
+        hits.append(engine.kv_usage()["prefix_hit_tokens"] - before)
+    return {"prefix_len": length, "prompt_len": length + suffix, "cold_s": cold, "hit_s": warm,
+            "hit_tokens": hits}
+
+
+def prefix_verdicts(cache: dict, ttft: dict, params: dict) -> dict[str, claims.Claim]:
+    """The cliff (the hybrid with the largest interval reuses nothing of the prefixes shorter
+    than it), the transformer on those same prefixes, whether every count follows
+    :func:`~ai_evolution.reference.hybrid.reference_reusable_tokens`, and the time to first token a hit saves."""
+    top = params["checkpoint_intervals"][-1]
+    short = [L for L in params["prefix_lengths"] if L < top]
+    out = {}
+    if short:
+        lens = ", ".join(str(L) for L in short)
+        for key, label in (("prefix_cliff", f"hybrid-{top}"), ("prefix_transformer", "transformer")):
+            rows = [r for r in cache[label]["rows"] if r["prefix_len"] < top]
+            hit = sum(r["hit_tokens"] for r in rows)
+            total = sum(r["requests"] * r["prefix_len"] for r in rows)
+            what = (f"prefijo compartido servido desde la caché, {setup_label(label)}, prefijos "
+                    f"de {lens} tokens ({hit} de {total} tokens)")
+            if key == "prefix_cliff":
+                out[key] = claims.threshold(
+                    hit / total, 0.0, below=True, decimals=0, what=what,
+                    passed=f"por debajo de {top} tokens el híbrido no acierta nunca: su primer "
+                           f"punto de control del estado llega después del prefijo",
+                    failed=f"el híbrido acierta con prefijos de menos de {top} tokens")
+            else:
+                out[key] = claims.threshold(
+                    hit / total, 0.5, below=False, decimals=0, what=what,
+                    passed="el transformer, con los mismos prefijos, reutiliza cada bloque "
+                           "completo: acierta desde el primero",
+                    failed="el transformer reutiliza menos de la mitad de esos prefijos")
+    rows = [(label, r) for label, s in cache.items() for r in s["rows"]]
+    wrong = [(label, r["prefix_len"]) for label, r in rows
+             if r["hit_tokens"] != r["expected_hit_tokens"]]
+    out["prefix_rule"] = claims.threshold(
+        len(wrong), 0, below=True, scale=1, unit="casos", decimals=0,
+        what=f"casos (de {len(rows)}) en que los tokens servidos desde la caché no son el prefijo "
+             f"compartido redondeado hacia abajo a un múltiplo del intervalo",
+        passed="el motor reutiliza exactamente hasta el último punto de control dentro del "
+               "prefijo, en cada configuración y longitud",
+        failed="el motor se aparta de la regla en " + ", ".join(
+            f"{setup_label(label)} con {L} tokens" for label, L in wrong[:3]))
+    out["prefix_ttft"] = claims.compare(
+        ttft["cold_s"], ttft["hit_s"],
+        what=f"tiempo hasta el primer token del híbrido sin acierto / con acierto, prefijo de "
+             f"{ttft['prefix_len']} tokens",
+        higher="un acierto ahorra tiempo hasta el primer token: el motor restaura el estado del "
+               "punto de control y solo calcula el sufijo",
+        lower="con acierto el primer token tarda más que sin él",
+        inconclusive="con este ruido no se distingue el tiempo con acierto del tiempo sin él")
+    return out
+
+
+def prefix_sentences(cache: dict, ttft: dict) -> list[str]:
+    """Section 4 in words: the state copies each interval saved and the time a hit saved."""
+    saves = {label: sum(r["checkpoint_saves"] for r in s["rows"]) for label, s in cache.items()
+             if s["model"] == "hybrid"}
+    copies = "; ".join(f"con intervalo {cache[label]['interval']}, {n}" for label, n in
+                       saves.items())
+    some = next(iter(cache[label] for label in saves))
+    saved = statistics.median([a - b for a, b in zip(ttft["cold_s"], ttft["hit_s"])])
+    return [
+        (f"Copias del estado guardadas como puntos de control en toda la carga ({copies}), de "
+         f"{es_bytes(some['checkpoint_bytes'])} cada una: un intervalo más fino acierta con "
+         f"prefijos más cortos a cambio de más copias en memoria."),
+        (f"Con un prefijo de {ttft['prefix_len']} tokens en caché, el primer token llega "
+         f"{es(1e3 * abs(saved), 1)} ms {'antes' if saved >= 0 else 'después'} (mediana de "
+         f"{len(ttft['hit_s'])} pares)."),
+    ]
+
+
 # --- exercise 2 in the model: a student's step in place of the library's recurrence --------------
 class use_delta_step:
     """Within the block, every one-token step of the model's linear layers (decode) runs
@@ -478,9 +670,14 @@ CRITERIA = (
     ("context_growth", "el paso del híbrido crece menos con el contexto que el del transformer"),
     ("context_linear_flat", "las capas lineales del híbrido tardan lo mismo con poco y con mucho "
                             "contexto"),
+    ("prefix_cliff", "con puntos de control espaciados, el híbrido no acierta en la caché de "
+                     "prefijos con prefijos más cortos que el intervalo"),
+    ("prefix_rule", "un acierto del híbrido llega hasta el último punto de control dentro del "
+                    "prefijo compartido"),
 )
 WANTED = {"context_transformer": claims.HIGHER, "context_growth": claims.HIGHER,
-          "context_linear_flat": claims.PASSED}
+          "context_linear_flat": claims.PASSED, "prefix_cliff": claims.PASSED,
+          "prefix_rule": claims.PASSED}
 
 
 @dataclass(frozen=True)
@@ -495,17 +692,27 @@ class Findings:
     batching: dict
     machine: dict
     found: dict
+    cache: dict | None = None
+    ttft: dict | None = None
 
     @classmethod
     def from_measurements(cls, params: dict, configs: dict, memory: dict, fits: list,
                           context: dict, batching_samples: dict, machine: dict) -> "Findings":
+        """Sections 1 to 3 (the notebook adds section 4 with :meth:`with_prefix_cache`)."""
         batching = batching_findings(configs, batching_samples, machine, params)
         return cls(params, configs, memory, fits, context, batching, machine,
                    verdicts(context, batching, params))
 
+    def with_prefix_cache(self, cache: dict, ttft: dict) -> "Findings":
+        """These findings plus section 4's counts and times and their claims."""
+        found = self.found | prefix_verdicts(cache, ttft, self.params)
+        return replace(self, cache=cache, ttft=ttft, found=found)
+
     @property
     def criteria_met(self) -> dict[str, bool]:
-        return {k: self.found[k].outcome == WANTED[k] for k, _ in CRITERIA}
+        """Per chapter criterion, whether its claim took the wanted branch (False while its
+        section has not been measured)."""
+        return {k: k in self.found and self.found[k].outcome == WANTED[k] for k, _ in CRITERIA}
 
 
 def criteria_sentence(met: dict[str, bool]) -> str:
@@ -564,6 +771,20 @@ def report(f: Findings) -> dict:
                             "ms", source="measured", volatile=True))
     if "batching_growth" in f.found:
         evidence.append(f.found["batching_growth"].evidence("veces"))
+    if f.cache is None or f.ttft is None:
+        raise ValueError("faltan las mediciones de la caché de prefijos (sección 4): use "
+                         "Findings.with_prefix_cache(cache, ttft) antes de report")
+    for key in ("prefix_cliff", "prefix_transformer", "prefix_rule"):
+        if key in f.found:
+            evidence.append(f.found[key].evidence(
+                "casos" if key == "prefix_rule" else "%", source="computed", volatile=False))
+    copies, saved = prefix_sentences(f.cache, f.ttft)
+    evidence.append(_ev(copies, sum(r["checkpoint_saves"] for s in f.cache.values()
+                                    for r in s["rows"]), "copias", source="computed"))
+    evidence.append(f.found["prefix_ttft"].evidence("veces"))
+    evidence.append(_ev(saved, 1e3 * statistics.median(
+        [a - b for a, b in zip(f.ttft["cold_s"], f.ttft["hit_s"])]), "ms", source="measured",
+        volatile=True))
     evidence.append(_ev(criteria_sentence(f.criteria_met), sum(f.criteria_met.values()),
                         "criterios", source="measured", volatile=True))
     return {
@@ -572,6 +793,7 @@ def report(f: Findings) -> dict:
                                    "formas, no de los valores)"},
         "results": {"memory": f.memory, "fits": f.fits, "context": f.context,
                     "batching": f.batching, "machine": f.machine,
+                    "prefix_cache": f.cache, "prefix_ttft": f.ttft,
                     "chapter_criteria": f.criteria_met},
         "evidence": evidence,
         "limitations": [
@@ -586,11 +808,14 @@ def report(f: Findings) -> dict:
             "preparar el lote) no entra.",
             "Las cifras de GPU son aritmética de memoria (pesos, KV y estado), sin la memoria de "
             "activaciones ni la fragmentación de un motor real.",
+            "Los aciertos de la caché de prefijos se cuentan con una petición a la vez y una caché "
+            "que no se llena: con muchas peticiones y memoria escasa, los bloques y los puntos de "
+            "control expulsados bajan la tasa de aciertos por debajo de la regla.",
             timing_limitation(p["steps"]),
             threads_limitation(p["torch_threads"]),
         ],
         "volatile_fields": ["results.context", "results.batching", "results.machine",
-                            "results.chapter_criteria"],
+                            "results.prefix_ttft", "results.chapter_criteria"],
     }
 
 
@@ -602,6 +827,20 @@ def check_params(params: dict) -> None:
         if params[name] != sorted(set(params[name])):
             raise LabParamError(f"{name} debe ir de menor a mayor y sin repetidos; se recibió "
                                 f"{params[name]}")
+    for name in ("checkpoint_intervals", "prefix_lengths"):
+        if params[name] != sorted(set(params[name])):
+            raise LabParamError(f"{name} debe ir de menor a mayor y sin repetidos; se recibió "
+                                f"{params[name]}")
+    block = params["cache_block_size"]
+    bad = [i for i in params["checkpoint_intervals"] if i % block]
+    if bad:
+        raise LabParamError(f"checkpoint_intervals debe contener múltiplos de cache_block_size "
+                            f"({block}): un punto de control cae en un límite de bloque; no lo "
+                            f"son {bad}")
+    if not any(L < params["checkpoint_intervals"][-1] for L in params["prefix_lengths"]):
+        raise LabParamError(f"prefix_lengths necesita al menos un prefijo más corto que el mayor "
+                            f"intervalo ({params['checkpoint_intervals'][-1]}) para mostrar el "
+                            f"precipicio; se recibió {params['prefix_lengths']}")
     if len(params["contexts"]) < 2:
         raise LabParamError(f"contexts necesita al menos dos contextos (el menor y el mayor se "
                             f"comparan); se recibió {params['contexts']}")
@@ -618,8 +857,11 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         context = measure_context(models, params, seed)
         batching = measure_batching(models, params, seed)
         machine = probe_machine(device, params)
-    return report(Findings.from_measurements(params, configs, memory, fits, context, batching,
-                                             machine))
+        cache = measure_prefix_cache(models, params, seed)
+        ttft = measure_prefix_ttft(models, params, seed)
+    findings = Findings.from_measurements(params, configs, memory, fits, context, batching,
+                                          machine)
+    return report(findings.with_prefix_cache(cache, ttft))
 
 
 SPEC = LabSpec(
@@ -662,6 +904,22 @@ SPEC = LabSpec(
                                 "lineales y seguir siendo plano", min=0.0, max=10.0),
         "tolerance": Param(0.25, float, "cuánto puede superar un paso su predicción antes de "
                            "separarse de ella", min=0.0, max=10.0),
+        "cache_block_size": Param(16, int, "tokens por bloque de la caché KV paginada en la "
+                                  "sección de la caché de prefijos", min=1, max=1024),
+        "checkpoint_intervals": Param([16, 64, 256], int, "intervalos (tokens) entre puntos de "
+                                      "control del estado del híbrido", min=1, max=1 << 16,
+                                      is_list=True),
+        "prefix_lengths": Param([8, 16, 32, 64, 128, 256, 384, 512], int, "longitudes del "
+                                "prefijo compartido", min=1, max=1 << 16, is_list=True),
+        "prefix_requests": Param(3, int, "peticiones que repiten cada prefijo tras la que lo "
+                                 "guarda", min=1, max=100),
+        "suffix_len": Param(8, int, "tokens propios de cada petición tras el prefijo", min=1,
+                            max=4096),
+        "ttft_prefix": Param(512, int, "tokens del prefijo con y sin acierto al medir el tiempo "
+                             "hasta el primer token", min=1, max=1 << 16,
+                             by_profile={"ci": 256, "gpu": 4096}),
+        "ttft_pairs": Param(9, int, "pares intercalados sin y con acierto", min=2, max=100,
+                            by_profile={"ci": 7}),
         "probe_mib": Param(256, int, "MiB de la sonda de ancho de banda", min=16, max=8192,
                            by_profile={"gpu": 2048}),
         "probe_matmul": Param(1024, int, "n de la sonda de multiplicación n × n", min=128,

@@ -69,3 +69,13 @@ def reference_state_crossover(config: ModelConfig, kv_bytes_per_token: float,
     if state == 0:
         return None
     return max(1, math.ceil(state / kv_bytes_per_token))
+
+
+def reference_reusable_tokens(shared_len: int, prompt_len: int, interval: int) -> int:
+    """Prompt tokens a request can take from the prefix cache when ``shared_len`` of its
+    ``prompt_len`` tokens repeat an earlier request and the engine can resume only every
+    ``interval`` tokens (a transformer: its block size, every full block; a hybrid: the distance
+    between checkpoints of its state). The shared part is cut down to a multiple of
+    ``interval``, and one prompt token is always left to compute, because the first new token's
+    logits come from it: ``min(shared_len, prompt_len - 1) // interval * interval``."""
+    return min(shared_len, prompt_len - 1) // interval * interval

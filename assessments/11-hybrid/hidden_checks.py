@@ -100,3 +100,22 @@ def _fit_edges(fn, raise_on_fail=False):
 
 def extension(ext, contract, ctx):
     yield hidden(checks.check_challenge, ext)
+
+
+def reusable_tokens(fn, ctx):
+    yield public(checks.check_reusable_tokens, fn, seed=ctx.seed)
+    for s in ctx.hidden_seeds:
+        yield hidden(checks.check_reusable_tokens, fn, seed=s)
+    yield hidden(_reuse_edges, fn)
+
+
+def _reuse_edges(fn, raise_on_fail=False):
+    """A one-token prompt, a prefix exactly one interval long with nothing after it, nothing
+    shared, and an interval of one token."""
+    return checks.reuse_failure("tokens reutilizables de la caché de prefijos (casos límite)", fn,
+                                [("un prompt de 1 token", 1, 1, 16),
+                                 ("prefijo de 64 tokens, el prompt entero, intervalo 64", 64, 64,
+                                  64),
+                                 ("nada compartido", 0, 50, 16),
+                                 ("intervalo de 1 token, prefijo de 30 en un prompt de 31", 30,
+                                  31, 1)])
