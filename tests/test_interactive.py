@@ -188,3 +188,35 @@ def test_the_driver_sees_a_wrong_readout_and_a_network_request(tmp_path):
     problems = explorer_problems([ex], tmp_path)
     assert any("(1, 0)" in p and "readouts ['0'" in p for p in problems), problems
     assert any("https://example.invalid/x.png" in p for p in problems), problems
+
+
+# -- the chapters' explorers -------------------------------------------------------------------
+
+def memory_explorer_and_examples():
+    from ai_evolution.labs.common import worked_examples
+    from ai_evolution.plots.explorers import memory_explorer
+    examples = worked_examples()
+    return memory_explorer(examples["gpu24_7b"]), examples
+
+
+def test_the_memory_explorer_opens_on_the_worked_example_and_reuses_the_library():
+    ex, examples = memory_explorer_and_examples()
+    seed, gqa = examples["gpu24_7b"], examples["gpu24_7b_8kv"]
+    first = ex.readouts()
+    assert first["Secuencias con reserva contigua"] == str(seed.static_slots)
+    assert first["Secuencias con bloques bajo demanda"] == str(seed.on_demand_sequences)
+    assert ex.readouts(kv_heads=1)["Secuencias con bloques bajo demanda"] == str(gqa.on_demand_sequences)
+    assert ex.readouts(kv_heads=1)["Secuencias con reserva contigua"] == str(gqa.static_slots)
+    # The memory picture adds up to the GPU's memory in every state where the weights fit.
+    for key, state in ex.states.items():
+        totals = [sum(t["x"][row] for t in state.traces) for row in (0, 1)]
+        if state.readouts[1] != "los pesos no caben":
+            gpu_gb = float(ex.controls[0].options[key[0]].split()[0])
+            assert totals == pytest.approx([gpu_gb, gpu_gb]), key
+    # Llama-3.1-8B in fp16 (16,06 GB) does not fit in 16 GB: said, not a negative cache.
+    assert ex.readouts(gpu=0, model=2)["Memoria para la caché KV"] == "los pesos no caben"
+
+
+def test_the_memory_explorer_in_chromium(tmp_path):
+    ex, _ = memory_explorer_and_examples()
+    assert explorer_problems([ex], tmp_path) == []

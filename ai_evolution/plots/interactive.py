@@ -80,7 +80,11 @@ class State:
 
 def base_layout(title: str, x_title: str, y_title: str, **extra) -> dict:
     """The book's Plotly layout: Spanish decimal comma, legend below the plot (a phone's width),
-    tight margins, no fixed width (the figure follows its column)."""
+    tight margins, no fixed width (the figure follows its column). Plotly does not wrap a title:
+    keep it under about 40 characters (390 px) and say the rest in the caption."""
+    if len(title) > 40:
+        raise ValueError(f"título demasiado largo para un teléfono ({len(title)} caracteres, "
+                         f"máximo 40): «{title}»; diga el resto en el pie de la figura")
     layout = dict(
         title=dict(text=title, font=dict(size=15)), separators=",.",
         font=dict(family=FONT, size=13), template="simple_white",
@@ -88,7 +92,10 @@ def base_layout(title: str, x_title: str, y_title: str, **extra) -> dict:
         # drawn past the plot's right edge.
         xaxis=dict(title=dict(text=x_title), fixedrange=True),
         yaxis=dict(title=dict(text=y_title), fixedrange=True), dragmode=False,
-        legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
+        # The legend sits at the bottom of the figure, not of the plot area: on a phone it wraps
+        # to several lines and must push the plot up rather than cover the axis labels.
+        legend=dict(orientation="h", yref="container", yanchor="bottom", y=0, x=0,
+                    traceorder="normal"),
         margin=dict(l=60, r=24, t=48, b=40), height=380, autosize=True,
         hovermode="x unified",
     )
@@ -194,11 +201,16 @@ class Explorer:
         return (
             f'<div class="{CSS_CLASS}" id="{self.name}">{_STYLE}'
             f'<form class="ae-controls" onsubmit="return false">{controls}</form>'
-            f'<div class="ae-plot" role="img" aria-label="{html.escape(self.figure.layout.title.text or "")}"></div>'
+            f'<div class="ae-plot" role="img" style="min-height:{self.figure.layout.height or 380}px" '
+            f'aria-label="{html.escape(self.figure.layout.title.text or "")}"></div>'
             f'<table class="ae-readouts"><tbody>{rows}</tbody></table>{caption}'
             f'<script type="application/json" class="ae-data">{data}</script>'
             f"<script>{_SCRIPT.replace('__ID__', self.name)}</script></div>"
         )
+
+    def __repr__(self) -> str:  # stable: a notebook's text/plain output must not hold an address
+        return (f"Explorer({self.name!r}: {len(self.controls)} controles, "
+                f"{len(self.states)} estados)")
 
     def _repr_html_(self) -> str:
         return self.to_html()
@@ -211,7 +223,7 @@ _STYLE = """<style>
 .ae-explorer .ae-control label{font-weight:600}
 .ae-explorer .ae-control input[type=range]{width:12em;max-width:60vw}
 .ae-explorer .ae-control select{max-width:100%}
-.ae-explorer .ae-plot{width:100%;min-height:380px}
+.ae-explorer .ae-plot{width:100%}
 .ae-explorer table.ae-readouts{border-collapse:collapse;margin-top:.4em}
 .ae-explorer table.ae-readouts th{text-align:left;font-weight:normal;padding:.1em 1em .1em 0}
 .ae-explorer table.ae-readouts td{text-align:right;font-variant-numeric:tabular-nums;font-weight:600}

@@ -1,0 +1,100 @@
+"""The book's interactive figures (``interactive.Explorer``), one builder per chapter.
+
+Kept apart from the matplotlib figures (``plots/__init__``) so that a lab notebook, which installs
+the library without the ``book`` extra, never needs Plotly. Every number an explorer shows comes
+from the library's arithmetic or from the executed run passed in; the browser only looks it up.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from ..fmt import es, es_bytes
+from ..model import get_preset, kv_bytes_per_token, weight_bytes
+from ..model.memory import MemoryBudget, memory_budget
+from .interactive import Control, Explorer, State, base_layout
+
+# -- chapter 2: how many sequences fit -----------------------------------------------------------
+
+GPU_MEMORY_GB = (16, 24, 40, 48, 80)
+MAX_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
+KV_DTYPES = (("fp16", "fp16 / bf16 (2 bytes)"), ("fp8", "fp8 (1 byte)"))
+KV_HEADS = ((None, "las del modelo"), (8, "8 (GQA)"), (1, "1 (MQA)"))
+MEMORY_READOUTS = ("Pesos", "Memoria para la caché KV", "Caché KV por token",
+                   "Secuencias con reserva contigua", "Secuencias con bloques bajo demanda",
+                   "Bloques / reserva")
+MEMORY_PARTS = (("pesos", "#7f7f7f"), ("caché con tokens reales", "#1f77b4"),
+                ("reservada sin usar", "#ff7f0e"), ("libre", "#d9d9d9"))
+
+
+def _gb(n_bytes: float) -> str:
+    return f"{es(n_bytes / 1e9, 1)} GB"
+
+
+def memory_models(anchor: MemoryBudget) -> tuple[tuple[str, str, float | None], ...]:
+    """(label, preset, weight bytes override) of the chapter 2 explorer's models: the worked
+    example's Llama-2-7B with its nominal weights (``anchor.weight_bytes``), the same model with
+    its exact weights, and Llama-3.1-8B."""
+    return (("Llama-2-7B, pesos nominales", "llama-2-7b", anchor.weight_bytes),
+            ("Llama-2-7B, pesos exactos", "llama-2-7b", None),
+            ("Llama-3.1-8B", "llama-3.1-8b", None))
+
+
+def memory_explorer(anchor: MemoryBudget, name: str = "kv-memory-explorer") -> Explorer:
+    """GPU memory, model, maximum context, KV dtype and KV heads -> sequences that fit with
+    contiguous reservation (``max_len`` each) and with blocks on demand (``anchor.typical_len``
+    each), by ``memory_budget``; the figure is the GPU's memory split between weights, cache
+    holding real tokens, cache reserved and unused, and free memory. Its first view is the
+    chapter's worked example, ``anchor`` (``worked_examples()["gpu24_7b"]``)."""
+    models = memory_models(anchor)
+    gpu_default = GPU_MEMORY_GB.index(round(anchor.gpu_memory_bytes / 1e9))
+    controls = [
+        Control("gpu", "Memoria de la GPU", [f"{g} GB" for g in GPU_MEMORY_GB], default=gpu_default),
+        Control("model", "Modelo (pesos en fp16)", [m[0] for m in models]),
+        Control("max_len", "Contexto máximo (tokens)", [es(n, 0) for n in MAX_LENS], kind="slider",
+                default=MAX_LENS.index(anchor.max_len)),
+        Control("kv_dtype", "Tipo de la caché KV", [d[1] for d in KV_DTYPES]),
+        Control("kv_heads", "Cabezas KV", [h[1] for h in KV_HEADS]),
+    ]
+    rows = ["reserva contigua", "bloques bajo demanda"]
+    fig = go.Figure(
+        [go.Bar(name=part, orientation="h", y=rows, x=[0, 0], marker_color=color,
+                hovertemplate="%{x:.1f} GB<extra>" + part + "</extra>")
+         for part, color in MEMORY_PARTS],
+        layout=base_layout("La memoria de la GPU", "", "", xaxis=dict(ticksuffix=" GB"), barmode="stack", hovermode="closest", height=300,
+                           margin=dict(l=10), yaxis=dict(automargin=True, autorange="reversed")),
+    )
+
+    def state_of(gpu, model, max_len, kv_dtype, kv_heads) -> State:
+        label, preset, override = models[model]
+        config = get_preset(preset)
+        if KV_HEADS[kv_heads][0] is not None:
+            config = config.replace(num_kv_heads=KV_HEADS[kv_heads][0])
+        memory = GPU_MEMORY_GB[gpu] * 1e9
+        weights = weight_bytes(config, "fp16") if override is None else override
+        per_token = kv_bytes_per_token(config, KV_DTYPES[kv_dtype][0])
+        if weights >= memory:
+            traces = ({"x": [weights / 1e9] * 2},) + ({"x": [0, 0]},) * (len(MEMORY_PARTS) - 1)
+            return State(traces, (_gb(weights), "los pesos no caben", es_bytes(per_token),
+                                  "0", "0", "—"))
+        b = memory_budget(config, memory, max_len=MAX_LENS[max_len],
+                          typical_len=anchor.typical_len, dtype="fp16",
+                          kv_dtype=KV_DTYPES[kv_dtype][0], weights_bytes=override)
+        static_used = b.static_slots * b.typical_len * per_token
+        static_reserved = b.static_slots * b.max_len * per_token
+        paged_used = b.on_demand_sequences * b.typical_len * per_token
+        gb = 1e9
+        traces = ({"x": [b.weight_bytes / gb] * 2},
+                  {"x": [static_used / gb, paged_used / gb]},
+                  {"x": [(static_reserved - static_used) / gb, 0]},
+                  {"x": [(b.kv_budget_bytes - static_reserved) / gb,
+                         (b.kv_budget_bytes - paged_used) / gb]})
+        gain = (f"{es(b.on_demand_sequences / b.static_slots, 1)} ×" if b.static_slots
+                else "sin ranuras contiguas")
+        return State(traces, (_gb(b.weight_bytes), _gb(b.kv_budget_bytes), es_bytes(per_token),
+                              es(b.static_slots, 0), es(b.on_demand_sequences, 0), gain))
+
+    caption = (f"Secuencias típicas de {es(anchor.typical_len, 0)} tokens; la reserva contigua "
+               f"aparta para cada una el contexto máximo. La cuenta deja fuera las activaciones y "
+               f"lo que ocupa el propio entorno de ejecución.")
+    return Explorer.from_function(name, fig, controls, MEMORY_READOUTS, state_of, caption)
