@@ -220,3 +220,38 @@ def test_the_memory_explorer_opens_on_the_worked_example_and_reuses_the_library(
 def test_the_memory_explorer_in_chromium(tmp_path):
     ex, _ = memory_explorer_and_examples()
     assert explorer_problems([ex], tmp_path) == []
+
+
+def fake_roofline_results():
+    """Lab 1's contract results, shaped as report() writes them (numbers made up)."""
+    def curve(meas, pred, depart, **extra):
+        return {**extra, "batch_sizes": [1, 2, 4, 8], "measured_ms": meas, "predicted_ms": pred,
+                "tokens_per_s": [b / m * 1e3 for b, m in zip([1, 2, 4, 8], meas)],
+                "departure_batch": depart}
+    return {"model": {"name": "cpu-200m"},
+            "batching": curve([30.0, 31.0, 33.5, 40.0], [30.0, 30.2, 30.6, 31.4], 8),
+            "batching_contrast": curve([4.0, 9.5, 20.0, 41.0], [4.0, 4.1, 4.2, 4.5], 2,
+                                       model="tiny-es")}
+
+
+def test_the_batching_explorer_reads_the_contract():
+    from ai_evolution.fmt import es
+    from ai_evolution.plots.explorers import batching_explorer
+    results = fake_roofline_results()
+    ex = batching_explorer(results)
+    r = ex.readouts(model=1, batch=2)
+    assert r["Paso medido"] == "20,00 ms" and r["Paso predicho"] == "4,20 ms"
+    assert r["Tokens/s"] == es(results["batching_contrast"]["tokens_per_s"][2], 0)
+    assert r["Rendimiento frente a una secuencia"] == es(0.8, 2) + " ×"
+    assert r["Coste medido por secuencia extra"] == "5,33 ms"
+    assert ex.readouts(batch=0)["Coste medido por secuencia extra"] == "—"
+    assert ex.states[(1, 0)].layout["shapes"][0]["x0"] == 2
+    bad = fake_roofline_results()
+    bad["batching_contrast"]["batch_sizes"] = [1, 2, 4, 16]
+    with pytest.raises(ValueError, match="mismos tamaños de lote"):
+        batching_explorer(bad)
+
+
+def test_the_batching_explorer_in_chromium(tmp_path):
+    from ai_evolution.plots.explorers import batching_explorer
+    assert explorer_problems([batching_explorer(fake_roofline_results())], tmp_path) == []

@@ -1,7 +1,7 @@
 """The book's interactive figures (``interactive.Explorer``), one builder per chapter.
 
-Kept apart from the matplotlib figures (``plots/__init__``) so that a lab notebook, which installs
-the library without the ``book`` extra, never needs Plotly. Every number an explorer shows comes
+Kept apart from the matplotlib figures (``plots/__init__``) so that importing the library does
+not import Plotly. Every number an explorer shows comes
 from the library's arithmetic or from the executed run passed in; the browser only looks it up.
 """
 
@@ -98,3 +98,68 @@ def memory_explorer(anchor: MemoryBudget, name: str = "kv-memory-explorer") -> E
                f"aparta para cada una el contexto máximo. La cuenta deja fuera las activaciones y "
                f"lo que ocupa el propio entorno de ejecución.")
     return Explorer.from_function(name, fig, controls, MEMORY_READOUTS, state_of, caption)
+
+
+# -- chapter 1: the batching curve -----------------------------------------------------------------
+
+BATCHING_READOUTS = ("Paso medido", "Paso predicho", "Tokens/s",
+                     "Rendimiento frente a una secuencia", "Coste medido por secuencia extra",
+                     "Coste predicho por secuencia extra")
+
+
+def _ms_text(ms: float) -> str:
+    return f"{es(ms, 2)} ms"
+
+
+def batching_explorer(results: dict, name: str = "batching-explorer") -> Explorer:
+    """The batching curves of lab 1's contract (``results``): the measured model's
+    (``results["batching"]``, model ``results["model"]["name"]``) and the contrast model's
+    (``results["batching_contrast"]``), measured step against the roofline prediction calibrated
+    on one sequence; a slider over the batch sizes reads the step, its prediction, tokens/s, the
+    throughput over one sequence and the cost of each extra sequence, measured and predicted.
+    A dotted line marks where the lab found the curve departs. Every value is the contract's."""
+    curves = [(results["model"]["name"], results["batching"])]
+    if "batching_contrast" in results:
+        curves.append((results["batching_contrast"]["model"], results["batching_contrast"]))
+    batches = curves[0][1]["batch_sizes"]
+    if any(c["batch_sizes"] != batches for _, c in curves):
+        raise ValueError("las curvas deben medir los mismos tamaños de lote; "
+                         f"se recibieron {[c['batch_sizes'] for _, c in curves]}")
+    controls = [Control("model", "Modelo", [n for n, _ in curves]),
+                Control("batch", "Secuencias a la vez", [str(b) for b in batches], kind="slider")]
+    fig = go.Figure(
+        [go.Scatter(name="medido", x=batches, y=batches, mode="lines+markers",
+                    line=dict(color="#1f77b4"), hovertemplate="%{y:.2f} ms"),
+         go.Scatter(name="roofline calibrado", x=batches, y=batches, mode="lines+markers",
+                    line=dict(color="#7f7f7f", dash="dash"), marker=dict(symbol="square"),
+                    hovertemplate="%{y:.2f} ms"),
+         go.Scatter(name="punto elegido", x=[1], y=[0], mode="markers", showlegend=False,
+                    marker=dict(size=14, color="rgba(0,0,0,0)", line=dict(width=2, color="#d62728")),
+                    hoverinfo="skip")],
+        layout=base_layout("Paso de decodificación", "secuencias en el lote", "ms por paso",
+                           xaxis=dict(type="log", tickvals=batches, ticktext=[str(b) for b in batches]),
+                           yaxis=dict(rangemode="tozero")),
+    )
+
+    def state_of(model: int, batch: int) -> State:
+        curve = curves[model][1]
+        meas, pred = curve["measured_ms"], curve["predicted_ms"]
+        b = batches[batch]
+        extra = ((_ms_text((meas[batch] - meas[0]) / (b - 1)), _ms_text((pred[batch] - pred[0]) / (b - 1)))
+                 if b > 1 else ("—", "—"))
+        depart = curve["departure_batch"]
+        shapes = [] if depart is None else [dict(
+            type="line", xref="x", yref="paper", x0=depart, x1=depart, y0=0, y1=1,
+            line=dict(color="#d62728", dash="dot", width=1))]
+        return State(
+            traces=({"y": meas}, {"y": pred}, {"x": [b], "y": [meas[batch]]}),
+            readouts=(_ms_text(meas[batch]), _ms_text(pred[batch]),
+                      es(curve["tokens_per_s"][batch], 0),
+                      f"{es(curve['tokens_per_s'][batch] / curve['tokens_per_s'][0], 2)} ×") + extra,
+            layout={"shapes": shapes})
+
+    caption = ("Cada punto es la mediana de las rondas del laboratorio; la predicción suma al "
+               "roofline de cada lote la sobrecarga que el paso de una secuencia tarda de más. La "
+               "línea de puntos roja marca el lote en el que el laboratorio encontró que la curva "
+               "se separa.")
+    return Explorer.from_function(name, fig, controls, BATCHING_READOUTS, state_of, caption)
