@@ -255,3 +255,28 @@ def test_the_batching_explorer_reads_the_contract():
 def test_the_batching_explorer_in_chromium(tmp_path):
     from ai_evolution.plots.explorers import batching_explorer
     assert explorer_problems([batching_explorer(fake_roofline_results())], tmp_path) == []
+
+
+def fake_observability_study():
+    """Lab 6's results["measured"], shaped as report() writes it (numbers made up)."""
+    def row(rate, p50, p99, tpot):
+        return {"realized_rate": rate, "ttft_p50_s": p50, "ttft_p99_s": p99, "tpot_p50_s": tpot}
+    return {"capacity": {"capacity_req_s": 4.0, "capacity_tok_s": 64.0},
+            "sweep": [row(1.2, 0.05, 0.08, 0.02), row(4.4, 0.4, 2.5, 0.03), row(2.9, 0.07, 0.3, 0.025)],
+            "repeats": [row(3.5, 0.09, 0.6, 0.027), row(3.7, 0.1, 0.9, 0.028)]}
+
+
+def test_the_poisson_explorer_sorts_runs_by_realised_rate_and_reads_the_contract():
+    from ai_evolution.plots.explorers import poisson_explorer
+    ex = poisson_explorer(fake_observability_study())
+    assert ex.controls[0].options == ("1,20 pet/s", "2,90 pet/s", "3,50 pet/s", "3,70 pet/s",
+                                      "4,40 pet/s")
+    r = ex.readouts(run=4)
+    assert r["Carga"] == "110 % de la capacidad" and r["Tokens/s ofrecidos"] == "70"
+    assert r["TTFT p99"] == "2,50 s" and r["TTFT p50"] == "400,0 ms"
+    assert r["Capacidad (bucle cerrado)"] == "64 tokens/s"
+
+
+def test_the_poisson_explorer_in_chromium(tmp_path):
+    from ai_evolution.plots.explorers import poisson_explorer
+    assert explorer_problems([poisson_explorer(fake_observability_study())], tmp_path) == []

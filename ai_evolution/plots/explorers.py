@@ -163,3 +163,61 @@ def batching_explorer(results: dict, name: str = "batching-explorer") -> Explore
                "línea de puntos roja marca el lote en el que el laboratorio encontró que la curva "
                "se separa.")
     return Explorer.from_function(name, fig, controls, BATCHING_READOUTS, state_of, caption)
+
+
+# -- chapter 6: the Poisson runs ---------------------------------------------------------------------
+
+POISSON_READOUTS = ("Tasa realizada", "Carga", "Tokens/s ofrecidos", "Capacidad (bucle cerrado)",
+                    "TTFT p50", "TTFT p99", "TPOT p50")
+
+
+def _seconds_text(s: float) -> str:
+    return f"{es(s * 1e3, 1)} ms" if s < 1 else f"{es(s, 2)} s"
+
+
+def poisson_explorer(study: dict, name: str = "poisson-explorer") -> Explorer:
+    """Every Poisson run of lab 6's ``study`` (``results["measured"]`` or ``["simulated"]``:
+    the sweep and the repeated runs), sorted by its *realised* rate; a slider moves across them.
+    TTFT p50 and p99 on a log scale against the realised rate, the closed loop's capacity as a
+    vertical line; readouts: the load as a share of that capacity, offered tokens/s against it,
+    TTFT p50/p99 and TPOT p50. Every value is the contract's."""
+    cap = study["capacity"]
+    runs = sorted(study["sweep"] + study.get("repeats", []), key=lambda r: r["realized_rate"])
+    if not runs:
+        raise ValueError("el estudio no tiene ejecuciones de Poisson")
+    tokens_per_request = cap["capacity_tok_s"] / cap["capacity_req_s"]
+    rates = [r["realized_rate"] for r in runs]
+    controls = [Control("run", "Ejecución (por tasa realizada)",
+                        [f"{es(r, 2)} pet/s" for r in rates], kind="slider")]
+    fig = go.Figure(
+        [go.Scatter(name="TTFT p50", x=rates, y=[r["ttft_p50_s"] * 1e3 for r in runs],
+                    mode="markers", marker=dict(color="#1f77b4"), hovertemplate="%{y:.1f} ms"),
+         go.Scatter(name="TTFT p99", x=rates, y=[r["ttft_p99_s"] * 1e3 for r in runs],
+                    mode="markers", marker=dict(color="#d62728", symbol="diamond"),
+                    hovertemplate="%{y:.1f} ms"),
+         go.Scatter(name="ejecución elegida", x=[rates[0]] * 2, y=[1, 1], mode="markers",
+                    showlegend=False, hoverinfo="skip",
+                    marker=dict(size=15, color="rgba(0,0,0,0)", line=dict(width=2, color="#000")))],
+        layout=base_layout("TTFT frente a la tasa realizada", "peticiones/s", "TTFT (ms)",
+                           yaxis=dict(type="log"), hovermode="closest",
+                           shapes=[dict(type="line", xref="x", yref="paper",
+                                        x0=cap["capacity_req_s"], x1=cap["capacity_req_s"],
+                                        y0=0, y1=1, line=dict(color="#7f7f7f", dash="dash"))]),
+    )
+
+    def state_of(run: int) -> State:
+        r = runs[run]
+        return State(
+            traces=({}, {}, {"x": [r["realized_rate"]] * 2,
+                             "y": [r["ttft_p50_s"] * 1e3, r["ttft_p99_s"] * 1e3]}),
+            readouts=(f"{es(r['realized_rate'], 2)} pet/s",
+                      f"{es(100 * r['realized_rate'] / cap['capacity_req_s'], 0)} % de la capacidad",
+                      es(r["realized_rate"] * tokens_per_request, 0),
+                      f"{es(cap['capacity_tok_s'], 0)} tokens/s",
+                      _seconds_text(r["ttft_p50_s"]), _seconds_text(r["ttft_p99_s"]),
+                      _seconds_text(r["tpot_p50_s"])))
+
+    caption = ("Cada punto es una ejecución de Poisson del laboratorio (el barrido y las "
+               "repeticiones), colocada en la tasa que de verdad realizaron sus llegadas; la línea "
+               "discontinua es la capacidad medida en bucle cerrado.")
+    return Explorer.from_function(name, fig, controls, POISSON_READOUTS, state_of, caption)
