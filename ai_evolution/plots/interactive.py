@@ -226,7 +226,7 @@ _STYLE = """<style>
 .ae-explorer .ae-plot{width:100%}
 .ae-explorer table.ae-readouts{border-collapse:collapse;margin-top:.4em}
 .ae-explorer table.ae-readouts th{text-align:left;font-weight:normal;padding:.1em 1em .1em 0}
-.ae-explorer table.ae-readouts td{text-align:right;font-variant-numeric:tabular-nums;font-weight:600}
+.ae-explorer table.ae-readouts td{text-align:right;font-variant-numeric:tabular-nums;font-weight:600;white-space:nowrap}
 .ae-explorer .ae-caption{font-size:.9em}
 </style>"""
 
