@@ -31,7 +31,8 @@ from plotly.utils import PlotlyJSONEncoder
 PLOTLY_JS = "plotly.min.js"   # the name the book serves it under (in _static/)
 CSS_CLASS = "ae-explorer"     # the marker _ext/interactive.py looks for in a page
 KINDS = ("select", "slider")
-CONFIG = {"displaylogo": False, "responsive": True, "displayModeBar": False}
+# typesetMath off: labels hold no TeX, and the book's own MathJax must not be driven by Plotly.
+CONFIG = {"displaylogo": False, "responsive": True, "displayModeBar": False, "typesetMath": False}
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, sans-serif"
 
 
