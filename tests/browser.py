@@ -136,6 +136,15 @@ class Chromium:
             raise BrowserError(f"{url}: {result['errorText']}")
         self.wait_event("Page.loadEventFired")
 
+    def watch_network(self) -> None:
+        """Record every request the tab makes from now on (see :meth:`requested_urls`)."""
+        self.send("Network.enable", session=True)
+
+    def requested_urls(self) -> list[str]:
+        """The URLs requested since the last :meth:`open` (needs :meth:`watch_network`)."""
+        return [e["params"]["request"]["url"] for e in self._events
+                if e["method"] == "Network.requestWillBeSent"]
+
     def evaluate(self, expression: str):
         """The value of a JavaScript expression in the page (a promise is awaited)."""
         result = self.send("Runtime.evaluate", session=True, expression=expression,

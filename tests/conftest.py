@@ -185,6 +185,7 @@ BOOK_READERS = {"test_solution_runs_under_ci_and_its_checked_outputs_are_reprodu
                 "test_every_page_renders_without_overflow_missing_images_or_raw_math",
                 "test_every_built_page_shows_version_build_date_and_licences",
                 "test_the_book_works_served_from_a_sub_path",
+                "test_every_interactive_figure_works_offline",
                 "test_claims_match_their_numbers_on_a_busy_machine"}
 
 

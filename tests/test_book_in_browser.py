@@ -446,3 +446,67 @@ def test_a_verdict_and_its_decision_table_fit_a_phone(tmp_path):
             f'{claims.paste_table([c, g]).html}</article></body></html>')
     (tmp_path / "veredicto.html").write_text(page, encoding="utf-8")
     assert rendering_problems(tmp_path, ["veredicto"], _chromium()) == {}
+
+
+# --- interactive figures (ai_evolution.plots.interactive) -------------------------------------
+
+# Drives every explorer of the open page: for a sample of its states (every one up to 60), sets
+# its controls as a reader does and reads back the readouts; returns the problems found.
+DRIVE_EXPLORERS = r"""
+(async () => {
+  const problems = [];
+  const roots = [...document.querySelectorAll(".ae-explorer")];
+  for (const root of roots) {
+    const spec = JSON.parse(root.querySelector("script.ae-data").textContent);
+    const controls = [...root.querySelectorAll("[data-ae-control]")];
+    if (!root.querySelector(".ae-plot svg.main-svg"))
+      problems.push(`${root.id}: no plot drawn (is plotly.min.js loaded?)`);
+    const keys = Object.keys(spec.states);
+    const step = Math.max(1, Math.floor(keys.length / 60));
+    for (let k = 0; k < keys.length; k += step) {
+      const key = keys[k], values = key.split(",");
+      values.forEach((v, i) => {
+        controls[i].value = v;
+        controls[i].dispatchEvent(new Event("input", {bubbles: true}));
+      });
+      const shown = [...root.querySelectorAll("table.ae-readouts td")].map(td => td.textContent);
+      if (JSON.stringify(shown) !== JSON.stringify(spec.states[key].readouts))
+        problems.push(`${root.id} at ${key}: readouts ${JSON.stringify(shown)}, data ` +
+                      JSON.stringify(spec.states[key].readouts));
+    }
+  }
+  return {count: roots.length, problems};
+})()
+"""
+
+
+def explorer_problems(html: Path, executable: str) -> tuple[int, list[str]]:
+    """Every page with an interactive figure, opened from ``file://`` at both widths: the page
+    loads plotly.min.js from the book itself, each figure is drawn, its controls move its
+    readouts to the values its executed data hold, and no request leaves the build folder.
+    Returns (figures driven, problems)."""
+    pages = [p for p in sorted(html.rglob("*.html")) if 'class="ae-explorer"' in
+             p.read_text(encoding="utf-8", errors="replace")]
+    count, problems = 0, []
+    root = html.resolve().as_uri() + "/"
+    with Chromium(executable) as browser:
+        browser.watch_network()
+        for label, (width, height, mobile) in WIDTHS.items():
+            browser.set_viewport(width, height, mobile)
+            for page in pages:
+                browser.open(page.resolve().as_uri())
+                seen = browser.evaluate(DRIVE_EXPLORERS)
+                count += seen["count"]
+                where = f"{page.relative_to(html).as_posix()} @ {label}"
+                problems += [f"{where}: {p}" for p in seen["problems"]]
+                problems += [f"{where}: request outside the book: {u}"
+                             for u in browser.requested_urls()
+                             if not u.startswith((root, "data:", "about:"))]
+    return count, problems
+
+
+def test_every_interactive_figure_works_offline(built_book):
+    html = built_book["html"]
+    count, problems = explorer_problems(html, _chromium())
+    assert count >= 2 * 4, f"expected the interactive figures of chapters 1, 2 and 6 ({count} seen)"
+    assert problems == [], "\n".join(problems)

@@ -20,7 +20,7 @@ from ai_evolution.fmt import table  # noqa: E402
 from ai_evolution.labs import (LabParamError, assemble_contract, get_spec, run_lab,  # noqa: E402
                                validate_contract, without_volatile)
 from ai_evolution import claims  # noqa: E402
-from ai_evolution.labs.observability import (Run, coordinated_omission,  # noqa: E402
+from ai_evolution.labs.observability import (Run, coordinated_omission, tpot_shift,  # noqa: E402
                                              datacenter_target, find_knee, poisson_run, settle,
                                              spread, spread_claim)
 from ai_evolution.loadgen import open_loop_workload, poisson_arrivals  # noqa: E402
@@ -105,12 +105,30 @@ def test_bad_parameters_are_rejected_in_spanish(params, match):
 def test_every_claim_in_the_contract_is_what_its_own_numbers_give(contract):
     assert claims.recheck_contract(contract) == []
     kinds = [item["claim"]["kind"] for item in claims.claims_of(contract)]
-    assert kinds.count("compare") == 1 and kinds.count("threshold") == 1
-    omission = next(i for i in claims.claims_of(contract) if i["claim"]["kind"] == "compare")
+    assert kinds.count("compare") == 2 and kinds.count("threshold") == 1
+    omission = next(i for i in claims.claims_of(contract) if "TTFT p99" in i["statement"])
+    tpot = next(i for i in claims.claims_of(contract) if "TPOT mediano" in i["statement"])
+    assert "a 1,00 veces la capacidad" in tpot["statement"]
     # the closed loop is compared with the open-loop run at the same offered load (1 ×)
     assert "a 1,00 veces la capacidad" in omission["statement"]
     assert len(omission["claim"]["inputs"]["a"]) == FAST["requests_per_rate"]
     assert len(omission["claim"]["inputs"]["b"]) == FAST["closed_loop_requests"]
+
+
+@pytest.mark.parametrize("scale,outcome,says", [
+    (1.2, claims.HIGHER, "cambia de sitio"),
+    (0.8, claims.LOWER, "tiempo por token menor"),
+    (1.0, claims.INCONCLUSIVE, "no se distingue"),
+])
+def test_tpot_under_poisson_against_the_closed_loop_follows_the_numbers(scale, outcome, says):
+    rng = np.random.default_rng(1)
+    closed = rng.uniform(0.09, 0.11, 200).tolist()
+    open_ = (scale * rng.uniform(0.09, 0.11, 200)).tolist()
+    c = tpot_shift({"capacity": {"tpot_s": closed},
+                    "at_capacity": {"tpot_s": open_, "fraction": 1.0}})
+    assert c.outcome == outcome and says in c.text
+    assert tpot_shift({"capacity": {"tpot_s": []}, "at_capacity": {"tpot_s": open_,
+                                                                  "fraction": 1.0}}) is None
 
 
 def _omission_study(open_ttft, closed_ttft, fraction=1.0) -> dict:

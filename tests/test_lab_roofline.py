@@ -6,8 +6,8 @@ import pytest
 from ai_evolution import claims
 from ai_evolution.hardware import measure_stream_bandwidths
 from ai_evolution.labs import LabParamError, assemble_contract, get_spec, run_lab, without_volatile
-from ai_evolution.labs.roofline import (Findings, analyse_batching, analyse_step, mid_context,
-                                        report, supports_chapter, with_departure)
+from ai_evolution.labs.roofline import (Findings, analyse_batching, analyse_step, control_lesson,
+                                        mid_context, report, supports_chapter, with_departure)
 from ai_evolution.model import get_preset
 from ai_evolution.sim import decode_step_cost, departure_batch
 
@@ -207,6 +207,32 @@ def test_report_stores_the_same_claims_and_they_recheck():
     item = next(i for i in contract["evidence"] if "claim" in i)
     item["statement"] = item["statement"].replace("más despacio", "más deprisa")
     assert claims.recheck_contract(contract)
+
+
+def test_a_contrast_model_adds_its_curve_and_a_departure_claim_that_names_it():
+    b1 = [0.1, 0.11, 0.09, 0.1, 0.105]
+    measured = synthetic(step_b1=b1, steps=[b1, b1, b1])            # the control follows
+    step, curve = analysed(measured)
+    small = [0.01, 0.011, 0.009, 0.01, 0.0105]
+    other = synthetic(step_b1=small, steps=[small, [2 * s for s in small], [4 * s for s in small]])
+    contrast = analyse_batching(other, CFG, "float32", step)
+    part = departure_batch(contrast.batch_sizes, contrast.measured_s, contrast.predicted_s,
+                           PARAMS["tolerance"])
+    contrast = with_departure(contrast, part, PARAMS["tolerance"], subject="tiny-es")
+    assert contrast.departure.outcome == claims.FAILED and "con tiny-es," in contrast.departure.text
+    body = report(Findings(CFG, "float32", PARAMS, measured, step, curve, contrast, "tiny-es"))
+    contract = assemble_contract("roofline", 0, "ci", PARAMS, body, "cpu")
+    assert claims.recheck_contract(contract) == []
+    assert contract["results"]["verdicts"]["contrast_departure"] == claims.FAILED
+    assert contract["results"]["batching_contrast"]["model"] == "tiny-es"
+    assert contract["results"]["batching_contrast"]["departure_batch"] == 2
+    assert contrast.departure.text in [i["statement"] for i in claims.claims_of(contract)]
+    assert control_lesson(curve, contrast).startswith("El control sigue la predicción")
+    # a control that departs itself validates the method only below its departure
+    _, departing = analysed(synthetic(step_b1=b1, steps=[b1, [2 * s for s in b1], [2 * s for s in b1]]))
+    assert "no queda validado para ningún lote" in control_lesson(departing, contrast)
+    _, later = analysed(synthetic(step_b1=b1, steps=[b1, b1, [2 * s for s in b1]]))
+    assert "solo queda validado por debajo de ese lote" in control_lesson(later, contrast)
 
 
 def test_supports_chapter_counts_what_the_claims_say():

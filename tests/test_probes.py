@@ -53,6 +53,14 @@ def test_every_preset_is_cited_and_in_si_units():
         assert set(spec.peak_flops) <= {"fp32", "tf32", "fp16", "bf16", "fp8", "int8"}, key
 
 
+def test_generations_of_the_memory_wall_are_cited_oldest_first_and_in_si_units():
+    years = [year for year, _ in hardware.GENERATIONS]
+    assert years == sorted(years) and len(set(years)) == len(years)
+    for year, spec in hardware.GENERATIONS:
+        assert spec.source and spec.bandwidth_bytes_per_s > 1e11, year
+        assert spec.peak_flops["fp16"] > 1e12, year  # the figure compares fp16 peaks
+
+
 def test_lookup_ignores_case_and_unknown_name_lists_known_ones():
     assert hardware.get_device_spec("H100-SXM") is hardware.DEVICE_PRESETS["h100-sxm"]
     with pytest.raises(KeyError, match="desconocido") as info:

@@ -11,15 +11,16 @@ Three layers, from cheapest to most honest:
 """
 
 from .allreduce import fit_allreduce, measure_allreduce
-from .datasheets import DEVICE_PRESETS, DeviceSpec, get_device_spec
+from .datasheets import DEVICE_PRESETS, GENERATIONS, DeviceSpec, get_device_spec
 from .device import (default_dtype, describe, device_name, pick_device, supported_dtypes,
                      synchronize)
 from .probes import (BANDWIDTH_KINDS, GiB, ProbeResult, available_memory_bytes, measure_bandwidth,
                      measure_decode_matmul, measure_matmul, measure_stream_bandwidths,
                      probe_summary)
 
-__all__ = ["fit_allreduce", "measure_allreduce", "DEVICE_PRESETS", "DeviceSpec", "get_device_spec", "default_dtype", "describe",
-           "device_name", "pick_device", "supported_dtypes", "synchronize", "BANDWIDTH_KINDS",
+__all__ = ["fit_allreduce", "measure_allreduce", "DEVICE_PRESETS", "GENERATIONS", "DeviceSpec",
+           "get_device_spec", "default_dtype", "describe", "device_name", "pick_device",
+           "supported_dtypes", "synchronize", "BANDWIDTH_KINDS",
            "GiB", "ProbeResult", "available_memory_bytes", "measure_bandwidth",
            "measure_decode_matmul", "measure_matmul", "measure_stream_bandwidths",
            "probe_summary"]

@@ -129,6 +129,36 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
 }
 
 
+# Generations for the memory wall (chapter 1): kept apart from DEVICE_PRESETS, which the
+# simulator and the self-checks draw from. (year of launch, spec), oldest first.
+GENERATIONS: tuple[tuple[int, DeviceSpec], ...] = (
+    (2017, DeviceSpec(
+        name="NVIDIA Tesla V100 SXM2 32GB",
+        memory_bytes=32e9,
+        bandwidth_bytes_per_s=900e9,
+        peak_flops={"fp32": 15.7e12, "fp16": 125e12},
+        has_bf16=False,
+        source="https://images.nvidia.com/content/technologies/volta/pdf/"
+               "volta-v100-datasheet-update-us-1165301-r5.pdf",
+        notes="HBM2. 125 TFLOP/s is the tensor-core (mixed precision) figure; Volta has no "
+              "sparsity, so it is dense.",
+    )),
+    (2020, DEVICE_PRESETS["a100-80gb"]),
+    (2022, DEVICE_PRESETS["h100-sxm"]),
+    (2024, DeviceSpec(
+        name="NVIDIA B200 (HGX B200)",
+        memory_bytes=180e9,
+        bandwidth_bytes_per_s=8e12,
+        peak_flops={"fp16": 2.25e15, "bf16": 2.25e15, "fp8": 4.5e15},
+        has_bf16=True,
+        source="https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200 datasheet)",
+        notes="HBM3e. The datasheet gives the 8-GPU board with sparsity (FP16/BF16 36 PFLOP/s, "
+              "FP8 72 PFLOP/s, 64 TB/s, 1,4 TB); per GPU that is 4,5 and 9 PFLOP/s with "
+              "sparsity, dense figures are half of those.",
+    )),
+)
+
+
 def get_device_spec(name: str) -> DeviceSpec:
     """The preset called ``name`` (case-insensitive), e.g. ``get_device_spec("h100-sxm")``."""
     key = str(name).strip().lower()

@@ -124,7 +124,8 @@ def measure_capacity(make_engine: Callable, clients: int, total_requests: int, p
             "capacity_tok_s": capacity * output_len, "overall_req_s": stats["throughput_req_s"],
             "mean_e2e_s": mean_e2e, "little_req_s": clients / mean_e2e,
             "ttft_p50_s": stats["ttft_p50_s"], "ttft_p99_s": stats["ttft_p99_s"],
-            "ttft_s": [float(r.ttft) for r in reqs]}, reqs
+            "ttft_s": [float(r.ttft) for r in reqs],
+            "tpot_s": [float(r.tpot) for r in reqs if r.tpot is not None]}, reqs
 
 
 def poisson_run(make_engine: Callable, n: int, rate: float, prompt_len: int, output_len: int,
@@ -249,7 +250,9 @@ def analyse_sweep(capacity: dict, sweep: list[Run], params: dict,
             "at_capacity": {"fraction": at_capacity["fraction"],
                             "realized_rate": at_capacity["realized_rate"],
                             "ttft_p99_s": at_capacity["ttft_p99_s"],
-                            "ttft_s": [float(r.ttft) for r in sweep[k_cap].requests]},
+                            "ttft_s": [float(r.ttft) for r in sweep[k_cap].requests],
+                            "tpot_s": [float(r.tpot) for r in sweep[k_cap].requests
+                                       if r.tpot is not None]},
             "overload": {"fraction": overload["fraction"], "realized_rate": overload["realized_rate"],
                          "ttft_p99_s": overload["ttft_p99_s"]},
             "best_goodput": {"fraction": best["fraction"], "realized_rate": best["realized_rate"],
@@ -327,7 +330,7 @@ _ROW_KEYS = ("fraction", "configured_rate", "realized_rate", "throughput_req_s",
 def _slim(study: dict) -> dict:
     out = {k: v for k, v in study.items() if k not in ("sweep", "repeats", "settle")}
     for key in ("capacity", "at_capacity"):  # raw samples: the claims that read them keep them
-        out[key] = {k: v for k, v in study[key].items() if k != "ttft_s"}
+        out[key] = {k: v for k, v in study[key].items() if k not in ("ttft_s", "tpot_s")}
     out["sweep"] = [{k: r[k] for k in _ROW_KEYS} for r in study["sweep"]]
     out["repeats"] = [{k: r[k] for k in _ROW_KEYS} for r in study["repeats"]]
     if "settle" in study:
@@ -393,6 +396,27 @@ def coordinated_omission(measured: dict) -> claims.Claim:
                       "cola entre los dos bucles no es concluyente"))
 
 
+def tpot_shift(measured: dict) -> claims.Claim | None:
+    """TPOT of the open-loop run nearest 1 x capacity against the closed loop at full capacity
+    (medians of the requests, unpaired): under random arrivals a new request's prefill can land
+    in the middle of the others' decodes and stretch their time per token. None when either
+    side has no request with two tokens."""
+    cap, at = measured["capacity"], measured["at_capacity"]
+    if not cap.get("tpot_s") or not at.get("tpot_s"):
+        return None
+    return claims.compare(
+        at["tpot_s"], cap["tpot_s"], paired=False,
+        what=(f"TPOT mediano del bucle abierto a {es(at['fraction'], 2)} veces la capacidad "
+              f"({es(1e3 * float(np.median(at['tpot_s'])), 1)} ms) entre el del bucle cerrado a "
+              f"plena capacidad ({es(1e3 * float(np.median(cap['tpot_s'])), 1)} ms)"),
+        higher=("con llegadas aleatorias, los prefills caen en medio de las decodificaciones de "
+                "otras peticiones y alargan su tiempo por token: el coste del prefill no "
+                "desaparece, cambia de sitio"),
+        lower="aquí el bucle abierto dio un tiempo por token menor que el bucle cerrado",
+        inconclusive=("el intervalo contiene el 1: con estas peticiones no se distingue el "
+                      "tiempo por token de los dos bucles"))
+
+
 @dataclass(frozen=True)
 class Findings:
     """What the lab found, between its two studies and its report: the engine's study on this
@@ -408,13 +432,15 @@ class Findings:
     omission: claims.Claim
     sim_spread: claims.Claim
     served: ServedModel | None = None
+    tpot: claims.Claim | None = None  # tpot_shift: open against closed loop, time per token
 
     @classmethod
     def from_measurements(cls, model_name: str, params: dict, measured: dict, simulated: dict,
                           served: ServedModel | None = None) -> Findings:
         return cls(model_name, params, measured, simulated,
                    omission=coordinated_omission(measured),
-                   sim_spread=spread_claim(simulated["spread"], "Simulado"), served=served)
+                   sim_spread=spread_claim(simulated["spread"], "Simulado"), served=served,
+                   tpot=tpot_shift(measured))
 
     @property
     def sweep_ratios(self) -> list[float]:
@@ -487,6 +513,7 @@ def _load_evidence(f: Findings) -> list[dict]:
             f"se da a {es(measured['best_goodput']['fraction'], 2)} × la capacidad.",
             worst["goodput_req_s"], "peticiones/s", "measured", True),
         f.omission.evidence("x"),
+        *([] if f.tpot is None else [f.tpot.evidence("x")]),
         _ev(f"El bucle cerrado nunca ofrece más que la capacidad; en bucle abierto, a "
             f"{es(measured['overload']['fraction'], 2)} veces la capacidad, el TTFT p99 es de "
             f"{es(1e3 * measured['overload']['ttft_p99_s'], 1)} ms.",

@@ -41,6 +41,11 @@ from .registry import LabParamError, LabSpec, Param
 
 MODELS = ("cpu-200m", "smollm2-135m", "qwen3-0.6b", "qwen2.5-0.5b", "tiny-es")
 
+# The second model of the batching curve: tiny enough that its weights sit in the processor's cache
+# and its step is mostly per-step work (Python, kernel launches), so its curve departs from the
+# weight-read arithmetic that the measured model is the control for.
+CONTRAST_MODEL = "tiny-es"
+
 # Reading the weights at the kernels' rate explains "most of the step" above this share.
 STEP_SHARE = 0.5
 
@@ -123,6 +128,28 @@ def measure(model, params: dict, seed: int, progress: bool | None = False) -> di
     Returns plain lists (one value per repetition) plus what the probes measured."""
     with torch_threads(params["torch_threads"]):
         return _measure(model, params, seed, progress)
+
+
+def measure_curve(model, params: dict, seed: int) -> dict:
+    """Only the batching curve of ``model`` (the contrast model): per round, one decode step
+    sample per batch size, with the lab's context, steps, rounds and threads. The keys are those
+    of :func:`measure` that :func:`analyse_batching` reads."""
+    cfg = model.config
+    check_params(params, cfg.max_position_embeddings, cfg.name)
+    batches = list(params["batch_sizes"])
+    with torch_threads(params["torch_threads"]):
+        gen = torch.Generator().manual_seed(seed)
+        decoders = {b: DecodeBatch(model, b, params["context_len"], params["decode_tokens"], gen)
+                    for b in batches}
+        for d in decoders.values():  # warm-up
+            d.step_s(1)
+        decode = {b: [] for b in batches}
+        for _ in range(params["repeats"]):
+            for b, d in decoders.items():
+                decode[b].append(d.step_s())
+    return {"model": cfg.name, "repeats": params["repeats"],
+            "context_len": params["context_len"], "decode_tokens": params["decode_tokens"],
+            "batch_sizes": batches, "decode_step_s": [decode[b] for b in batches]}
 
 
 def _measure(model, params: dict, seed: int, progress: bool | None) -> dict:
@@ -385,10 +412,11 @@ def analyse_batching(measured: dict, config, dtype_name: str, step: StepFindings
 
 
 def with_departure(curve: BatchingFindings, part: int | None,
-                   tolerance: float) -> BatchingFindings:
+                   tolerance: float, subject: str | None = None) -> BatchingFindings:
     """``curve`` plus where the measured curve leaves its prediction: ``part`` is exercise 3's
     answer on the medians (first batch whose step exceeds the prediction by more than
-    ``tolerance``). The claim takes that batch (the largest one when none departs): the same
+    ``tolerance``; ``subject``: a second model's name, written into its sentences). The claim
+    takes that batch (the largest one when none departs): the same
     step / prediction against ``1 + tolerance``: the median of the rounds' ratios
     (``round_ratios``) with its order-statistic interval."""
     curve = dataclasses.replace(curve, departure_batch=part, tolerance=tolerance)
@@ -414,10 +442,38 @@ def with_departure(curve: BatchingFindings, part: int | None,
         failed = f"el lote {b} se separa de la predicción"
         inconclusive = (f"ningún lote medido supera la tolerancia del {tol} % por su mediana, "
                         f"pero con este ruido no se puede descartar que el lote {b} ya se separe")
+    if subject is not None:  # a second model's curve: every sentence names it
+        what = f"{what} ({subject})"
+        passed, failed, inconclusive = (f"con {subject}, {t}" for t in (passed, failed,
+                                                                         inconclusive))
     return dataclasses.replace(curve, departure=claims.threshold(
         est.median, 1 + tolerance, below=True, scale=1, unit="veces", decimals=2,
         interval=est if est.n >= 2 else None, what=what, passed=passed, failed=failed,
         inconclusive=inconclusive))
+
+
+def control_lesson(curve: BatchingFindings, contrast: BatchingFindings) -> str:
+    """What the control (the lab's model, whose step is mostly reading weights) says about the
+    method, from its departure claim: only a control that follows the prediction lets the
+    contrast model's departure be read as the model's own cost."""
+    if curve.departure is None or contrast.departure is None:
+        return ""
+    b = curve.departure_batch
+    outcome = curve.departure.outcome
+    if outcome == claims.PASSED:
+        return ("El control sigue la predicción en todos los lotes medidos: el método vale en "
+                "esta máquina, y lo que el otro modelo se aparte es coste suyo.")
+    if outcome == claims.FAILED and b is not None and b == curve.batch_sizes[1]:
+        return (f"El control ya se separa de la predicción en el lote {b}, el primero después "
+                f"del 1: en esta máquina el método no queda validado para ningún lote, y lo que "
+                f"aparta ambas curvas es la máquina (sus kernels de pocas filas), no solo el "
+                f"modelo.")
+    if outcome == claims.FAILED and b is not None:
+        return (f"El control ya se separa de la predicción en el lote {b}: en esta máquina el "
+                f"método solo queda validado por debajo de ese lote, y por encima lo que aparta "
+                f"ambas curvas es la máquina (sus kernels de pocas filas), no solo el modelo.")
+    return ("Con este ruido no se puede decidir si el control sigue la predicción, así que "
+            "tampoco se puede atribuir al otro modelo lo que su curva se aparte.")
 
 
 # The chapter's criteria: (key of the claim, what it should say, the criterion in words).
@@ -462,11 +518,15 @@ class Findings:
     measured: dict
     step: StepFindings
     curve: BatchingFindings
+    contrast: BatchingFindings | None = None  # CONTRAST_MODEL's curve (measure_curve)
+    contrast_model: str | None = None
 
     @property
     def verdicts(self) -> dict[str, claims.Claim]:
-        """Every claim of the lab, by key."""
-        return {**self.step.verdicts, **self.curve.verdicts}
+        """Every claim of the lab, by key (the contrast model's as ``contrast_<key>``)."""
+        extra = {} if self.contrast is None else {
+            f"contrast_{k}": c for k, c in self.contrast.verdicts.items() if k == "departure"}
+        return {**self.step.verdicts, **self.curve.verdicts, **extra}
 
 
 def _h100() -> tuple:
@@ -475,6 +535,18 @@ def _h100() -> tuple:
     l31 = decode_step_cost(get_preset("llama-3.1-8b"), 1, 0, "bf16")
     return (h100, time_floor_s(l31.bytes, h100.bandwidth_bytes_per_s) * 1e3,
             ridge_point(h100.peak_flops["bf16"], h100.bandwidth_bytes_per_s))
+
+
+def _curve_results(curve: BatchingFindings, params: dict, **extra) -> dict:
+    """A batching curve as the contract stores it (the measured model's and the contrast's)."""
+    return {**extra, "batch_sizes": curve.batch_sizes,
+            "measured_ms": _ms(curve.measured_s),
+            "measured_samples_ms": [_ms(s) for s in curve.measured_samples_s],
+            "predicted_ms": _ms(curve.predicted_s),
+            "overhead_ms": 1e3 * curve.overhead_s,
+            "tokens_per_s": curve.tokens_per_s,
+            "departure_batch": curve.departure_batch,
+            "tolerance": curve.tolerance if curve.tolerance is not None else params["tolerance"]}
 
 
 def _results(f: Findings) -> dict:
@@ -503,14 +575,9 @@ def _results(f: Findings) -> dict:
                   "measured_b1_samples_ms": _ms(measured["decode_step_s"][0]),
                   "efficiency": step.efficiency_read, "gemv_efficiency": step.efficiency_gemv,
                   "fitted_overhead_ms": 1e3 * curve.overhead_s},
-        "batching": {"batch_sizes": curve.batch_sizes, "context_len": mid_context(measured),
-                     "measured_ms": _ms(curve.measured_s),
-                     "measured_samples_ms": [_ms(s) for s in curve.measured_samples_s],
-                     "predicted_ms": _ms(curve.predicted_s),
-                     "tokens_per_s": curve.tokens_per_s,
-                     "departure_batch": curve.departure_batch,
-                     "tolerance": (curve.tolerance if curve.tolerance is not None
-                                   else f.params["tolerance"])},
+        "batching": {"context_len": mid_context(measured), **_curve_results(curve, f.params)},
+        **({} if f.contrast is None else {"batching_contrast": _curve_results(
+            f.contrast, f.params, model=f.contrast_model)}),
         "verdicts": {k: v.outcome for k, v in f.verdicts.items()},
         "datasheet": {"h100_llama31_8b_bf16_floor_ms": h100_floor_ms,
                       "h100_bf16_ridge_flop_per_byte": h100_ridge},
@@ -544,6 +611,7 @@ def _evidence(f: Findings) -> list[dict]:
         step.decode_regime.evidence("x"),
         step.prefill_regime.evidence("x"),
         *(c.evidence("x") for c in f.curve.verdicts.values()),
+        *(c.evidence("x") for k, c in f.verdicts.items() if k.startswith("contrast_")),
         _ev(f"Con la hoja de datos de la H100 SXM ({es(h100.bandwidth_bytes_per_s / 1e12, 2)} "
             f"TB/s), Llama-3.1-8B en bf16 tiene un suelo de {es(h100_floor_ms, 1)} ms por token; "
             f"su punto de cresta es {es(h100_ridge, 0)} FLOP/byte.", h100_floor_ms, "ms", "cited"),
@@ -581,7 +649,9 @@ def report(f: Findings) -> dict:
                                 "results.batching.measured_ms",
                                 "results.batching.measured_samples_ms",
                                 "results.batching.predicted_ms", "results.batching.tokens_per_s",
-                                "results.batching.departure_batch", "results.verdicts"]}
+                                "results.batching.overhead_ms",
+                                "results.batching.departure_batch", "results.verdicts"]
+            + (["results.batching_contrast"] if f.contrast is not None else [])}
 
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
@@ -594,7 +664,32 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
     part = departure_batch(curve.batch_sizes, curve.measured_s, curve.predicted_s,
                            params["tolerance"])
     curve = with_departure(curve, part, params["tolerance"])
-    return report(Findings(model.config, dtype_name, params, measured, step, curve))
+    contrast = None
+    if params["model"] != CONTRAST_MODEL:  # measuring the contrast model against itself says nothing
+        contrast = contrast_curve(load_model(CONTRAST_MODEL, seed, device, dtype=dtype), params,
+                                  seed, dtype_name, step)
+    return report(Findings(model.config, dtype_name, params, measured, step, curve, contrast,
+                           CONTRAST_MODEL if contrast is not None else None))
+
+
+def contrast_curve(model, params: dict, seed: int, dtype_name: str, step: StepFindings,
+                   roofline_fn: Callable = reference_decode_roofline,
+                   predict_fn: Callable = reference_predict_step,
+                   departure_fn: Callable | None = None) -> BatchingFindings:
+    """The contrast model's batching curve (:func:`measure_curve`) against its prediction, made
+    with the machine measured for the lab's model (``step``) and calibrated on its own batch-1
+    step, with where it departs (``departure_fn``: exercise 3's function, called with the
+    medians, the predictions' step costs, the bandwidth, the peak and the tolerance)."""
+    measured = measure_curve(model, params, seed)
+    curve = analyse_batching(measured, model.config, dtype_name, step, roofline_fn=roofline_fn,
+                             predict_fn=predict_fn)
+    if departure_fn is None:
+        part = departure_batch(curve.batch_sizes, curve.measured_s, curve.predicted_s,
+                               params["tolerance"])
+    else:
+        part = departure_fn(curve.batch_sizes, curve.measured_s, curve.rooflines,
+                            step.bandwidth_bytes_per_s, step.peak_flops, params["tolerance"])
+    return with_departure(curve, part, params["tolerance"], subject=model.config.name)
 
 
 SPEC = LabSpec(
