@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 
 from ai_evolution.engine import SamplingParams, build_engine
-from ai_evolution.engine.tensor_parallel import allreduce_bytes_per_step, measure_allreduce
+from ai_evolution.hardware.allreduce import measure_allreduce
+from ai_evolution.model import allreduce_bytes_per_step
 from ai_evolution.model import load_model
 
 
@@ -93,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
           f"new; {args.threads} thread(s) per rank; all-reduced per "
           f"decode step {payload / 2**10:.0f} KiB in {2 * model.config.num_layers} calls")
     dtype = next(model.parameters()).dtype
-    alone = measure_allreduce([args.batch * model.config.hidden_size * dtype.itemsize], reps=50,
-                              dtype=dtype, threads=args.threads)[0]
+    alone = measure_allreduce([args.batch * model.config.hidden_size * dtype.itemsize], repeats=50,
+                              warmup=3, dtype=dtype, threads=args.threads)[0]
     print(f"one all-reduce of {alone['bytes'] / 2**10:.0f} KiB alone: median "
           f"{1e6 * alone['median_s']:.0f} us (min {1e6 * alone['min_s']:.0f} us)")
     ratios, status = [], 0
