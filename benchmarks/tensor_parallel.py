@@ -28,46 +28,13 @@ import os
 import random
 import statistics
 import sys
-import time
 
 import torch
-import torch.distributed as dist
 
-from ai_evolution.engine import SamplingParams, build_engine
+from ai_evolution.engine import build_engine
+from ai_evolution.engine.tensor_parallel import AllReduceTimer, decode_rate
 from ai_evolution.hardware.allreduce import measure_allreduce
-from ai_evolution.model import allreduce_bytes_per_step
-from ai_evolution.model import load_model
-
-
-def decode_rate(engine, prompts, max_tokens: int) -> tuple[float, float, list[list[int]]]:
-    """Run the workload; (decode tokens/s, seconds of all its steps, tokens of each request)."""
-    first = len(engine.history)
-    items = [(0.0, p, SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
-    done = engine.run(items)
-    steps = [s for s in engine.history[first:] if not any(e.is_prefill for e in s.scheduled)]
-    rate = sum(s.num_tokens for s in steps) / sum(s.duration for s in steps)
-    return rate, sum(s.duration for s in engine.history[first:]), [r.output_token_ids for r in done]
-
-
-class AllReduceTimer:
-    """Wraps ``dist.all_reduce`` in this process (rank 0): calls and seconds inside it."""
-
-    def __init__(self) -> None:
-        self.calls, self.seconds, self._real = 0, 0.0, dist.all_reduce
-
-    def __enter__(self) -> "AllReduceTimer":
-        def timed(*args, **kw):
-            start = time.perf_counter()
-            try:
-                return self._real(*args, **kw)
-            finally:
-                self.seconds += time.perf_counter() - start
-                self.calls += 1
-        dist.all_reduce = timed
-        return self
-
-    def __exit__(self, *exc) -> None:
-        dist.all_reduce = self._real
+from ai_evolution.model import allreduce_bytes_per_step, load_model
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -432,7 +432,44 @@ def _worker_main(conn, rank: int, n: int, port: int, backend: str, full_config: 
         dist.destroy_process_group()
 
 
-__all__ = ["RowParallelLinear", "ShardedTransformer", "TensorParallelRunner",
+# --- measuring a tensor-parallel engine (the benchmark and the chapter 13 lab) -------------------
+def decode_rate(engine, prompts, max_tokens: int) -> tuple[float, float, list[list[int]]]:
+    """Run greedy requests (one per prompt, ``max_tokens`` each, all at t = 0) on ``engine``:
+    (decode tokens/s over the pure decode steps, seconds of all its steps, tokens of each
+    request). The step times are measured: volatile."""
+    from .request import SamplingParams
+    first = len(engine.history)
+    items = [(0.0, p, SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
+    done = engine.run(items)
+    steps = [s for s in engine.history[first:] if not any(e.is_prefill for e in s.scheduled)]
+    rate = sum(s.num_tokens for s in steps) / sum(s.duration for s in steps)
+    return rate, sum(s.duration for s in engine.history[first:]), [r.output_token_ids for r in done]
+
+
+class AllReduceTimer:
+    """Wraps ``dist.all_reduce`` in this process (rank 0) while open: ``calls``, ``seconds``
+    inside it (its own sum plus the wait for the other ranks) and ``bytes`` reduced."""
+
+    def __init__(self) -> None:
+        self.calls, self.seconds, self.bytes, self._real = 0, 0.0, 0, dist.all_reduce
+
+    def __enter__(self) -> "AllReduceTimer":
+        def timed(tensor, *args, **kw):
+            start = time.perf_counter()
+            try:
+                return self._real(tensor, *args, **kw)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+                self.bytes += tensor.numel() * tensor.element_size()
+        dist.all_reduce = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dist.all_reduce = self._real
+
+
+__all__ = ["AllReduceTimer", "RowParallelLinear", "ShardedTransformer", "TensorParallelRunner",
            "allreduce_bytes_per_step", "allreduce_bytes_per_token", "check_shardable",
-           "check_tensor_parallel_size", "load_shard",
+           "check_tensor_parallel_size", "decode_rate", "load_shard",
            "ring_allreduce_traffic", "shard_config", "shard_state_dict"]
