@@ -132,10 +132,19 @@ def allreduce_study(params: dict) -> dict:
     rows = measure_allreduce(list(params["ar_sizes"]), repeats=params["ar_repeats"], warmup=5,
                              threads=max(1, params["torch_threads"]))
     link = fit_allreduce(rows)
+    bw = link.bandwidth_bytes_per_s  # inf when the larger messages were not slower (noise)
     return {"rows": [{k: r[k] for k in ("bytes", "median_s", "min_s", "max_s",
                                         "algbw_bytes_per_s")} for r in rows],
-            "latency_s": link.latency_s, "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
+            "latency_s": link.latency_s, "bandwidth_bytes_per_s": bw if math.isfinite(bw) else None,
             "link": link}
+
+
+def link_text(allreduce: dict) -> str:
+    """The fitted link in words: latency per call and bandwidth (or why there is none)."""
+    bw = allreduce["bandwidth_bytes_per_s"]
+    return (f"una latencia de {es(1e6 * allreduce['latency_s'], 0)} µs por llamada y "
+            + (f"{es(bw / 1e9, 2)} GB/s" if bw else "un ancho de banda que las medidas no "
+               "distinguen del infinito (los mensajes grandes no tardaron más)"))
 
 
 # --- 4. the H100 predictions -----------------------------------------------------------------------
@@ -302,13 +311,9 @@ def verdicts(f: Findings) -> dict:
 
 
 def fit_sentence(f: Findings) -> str:
-    a = f.allreduce
-    bw = a["bandwidth_bytes_per_s"]
-    return (f"En esta máquina, el all-reduce de gloo entre dos procesos se ajusta a una latencia "
-            f"de {es(1e6 * a['latency_s'], 0)} µs por llamada y "
-            + (f"{es(bw / 1e9, 2)} GB/s" if math.isfinite(bw) else "un ancho de banda sin límite "
-               "medible") + f"; el rango 0 pasó el {es(100 * f.allreduce_share, 0)} % del tiempo "
-            "de TP=2 dentro de all_reduce (su suma y la espera al otro rango).")
+    return (f"En esta máquina, el all-reduce de gloo entre dos procesos se ajusta a "
+            f"{link_text(f.allreduce)}; el rango 0 pasó el {es(100 * f.allreduce_share, 0)} % "
+            "del tiempo de TP=2 dentro de all_reduce (su suma y la espera al otro rango).")
 
 
 def _results(f: Findings) -> dict:
