@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from types import MappingProxyType
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -134,8 +133,8 @@ class PrefixAffinity:
 
     def __init__(self, max_imbalance: int = 4, max_entries: int = 65536, rule=None) -> None:
         """``rule(prefix, owners, loads, candidates, max_imbalance) -> index``: another
-        implementation of ``affinity_choice``'s rule (a lab plugs a student's in here; it sees a
-        read-only view of the map); its choices are counted under the reason ``rule``."""
+        implementation of ``affinity_choice``'s rule (a lab plugs a student's in here; it gets a
+        copy of the map, plain data that can cross to the autograder's worker); its choices are counted under the reason ``rule``."""
         if isinstance(max_imbalance, bool) or not isinstance(max_imbalance, int) or max_imbalance < 0:
             raise ValueError(f"max_imbalance debe ser un entero >= 0; se recibió {max_imbalance!r}")
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
@@ -155,8 +154,8 @@ class PrefixAffinity:
             choice = affinity_choice(prefix, self._owner, loads, candidates, self.max_imbalance)
         else:
             _check(loads, candidates)
-            index = self.rule(list(prefix), MappingProxyType(self._owner), list(loads),
-                              list(candidates), self.max_imbalance)
+            index = self.rule(list(prefix), dict(self._owner), list(loads), list(candidates),
+                              self.max_imbalance)
             if index not in candidates:
                 raise ValueError(f"la regla de afinidad devolvió {index!r}, que no es una de las "
                                  f"réplicas candidatas {list(candidates)}")
