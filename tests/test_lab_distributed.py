@@ -109,6 +109,7 @@ def test_a_wrong_split_is_caught_by_the_reconstruction():
     ({"tp_pairs": 4}, "tp_pairs"),
     ({"tp_prompt_len": 500, "tp_max_tokens": 100}, "supera las 512 posiciones"),
     ({"dc_model": "gpt-5"}, "dc_model"),
+    ({"model": "smollm2-135m"}, "no se puede servir con TP=2"),
 ])
 def test_bad_parameters_get_spanish_errors(given, what):
     with pytest.raises(LabParamError, match=what):

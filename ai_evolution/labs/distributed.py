@@ -88,7 +88,7 @@ def tp_study(model, params: dict, seed: int, bytes_fn=None) -> dict:
     summed over TP=2's steps."""
     bytes_fn = bytes_fn or reference_allreduce_bytes
     cfg = model.config
-    check_shardable(cfg, 2)
+    check_shardable(cfg, 2)  # check_params says it in the lab's words first
     rng = random.Random(seed)
     b, plen, new = params["tp_batch"], params["tp_prompt_len"], params["tp_max_tokens"]
     prompts = [[rng.randrange(3, cfg.vocab_size) for _ in range(plen)] for _ in range(b)]
@@ -364,14 +364,17 @@ def report(f: Findings) -> dict:
 
 def check_params(params: dict, config) -> None:
     n = params["split_ranks"]
-    if config.hidden_size * config.num_heads and (
-            (config.num_heads * config.head_dim) % n or config.intermediate_size % n):
+    if (config.num_heads * config.head_dim) % n or config.intermediate_size % n:
         raise LabParamError(f"split_ranks={n} no divide las salidas de q_proj "
                             f"({config.num_heads * config.head_dim}) ni las entradas de down_proj "
                             f"({config.intermediate_size}) de {config.name}")
     if params["tp_prompt_len"] + params["tp_max_tokens"] > config.max_position_embeddings:
         raise LabParamError(f"tp_prompt_len + tp_max_tokens supera las "
                             f"{config.max_position_embeddings} posiciones de {config.name}")
+    try:
+        check_shardable(config, 2)
+    except ValueError as err:
+        raise LabParamError(f"el modelo {config.name} no se puede servir con TP=2: {err}") from None
 
 
 def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
