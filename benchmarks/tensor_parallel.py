@@ -28,45 +28,13 @@ import os
 import random
 import statistics
 import sys
-import time
 
 import torch
-import torch.distributed as dist
 
-from ai_evolution.engine import SamplingParams, build_engine
-from ai_evolution.engine.tensor_parallel import allreduce_bytes_per_step, measure_allreduce
-from ai_evolution.model import load_model
-
-
-def decode_rate(engine, prompts, max_tokens: int) -> tuple[float, float, list[list[int]]]:
-    """Run the workload; (decode tokens/s, seconds of all its steps, tokens of each request)."""
-    first = len(engine.history)
-    items = [(0.0, p, SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
-    done = engine.run(items)
-    steps = [s for s in engine.history[first:] if not any(e.is_prefill for e in s.scheduled)]
-    rate = sum(s.num_tokens for s in steps) / sum(s.duration for s in steps)
-    return rate, sum(s.duration for s in engine.history[first:]), [r.output_token_ids for r in done]
-
-
-class AllReduceTimer:
-    """Wraps ``dist.all_reduce`` in this process (rank 0): calls and seconds inside it."""
-
-    def __init__(self) -> None:
-        self.calls, self.seconds, self._real = 0, 0.0, dist.all_reduce
-
-    def __enter__(self) -> "AllReduceTimer":
-        def timed(*args, **kw):
-            start = time.perf_counter()
-            try:
-                return self._real(*args, **kw)
-            finally:
-                self.seconds += time.perf_counter() - start
-                self.calls += 1
-        dist.all_reduce = timed
-        return self
-
-    def __exit__(self, *exc) -> None:
-        dist.all_reduce = self._real
+from ai_evolution.engine import build_engine
+from ai_evolution.engine.tensor_parallel import AllReduceTimer, decode_rate
+from ai_evolution.hardware.allreduce import measure_allreduce
+from ai_evolution.model import allreduce_bytes_per_step, load_model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
           f"new; {args.threads} thread(s) per rank; all-reduced per "
           f"decode step {payload / 2**10:.0f} KiB in {2 * model.config.num_layers} calls")
     dtype = next(model.parameters()).dtype
-    alone = measure_allreduce([args.batch * model.config.hidden_size * dtype.itemsize], reps=50,
-                              dtype=dtype, threads=args.threads)[0]
+    alone = measure_allreduce([args.batch * model.config.hidden_size * dtype.itemsize], repeats=50,
+                              warmup=3, dtype=dtype, threads=args.threads)[0]
     print(f"one all-reduce of {alone['bytes'] / 2**10:.0f} KiB alone: median "
           f"{1e6 * alone['median_s']:.0f} us (min {1e6 * alone['min_s']:.0f} us)")
     ratios, status = [], 0

@@ -21,7 +21,7 @@ MARKERS = {"preguntas": ("<!-- preguntas: inicio -->", "<!-- preguntas: fin -->"
 # each kind here when its chapter adopts the structure.
 ONE_SET = {"roofline", "kv_cache", "continuous_batching", "paged_attention", "scheduler",
            "observability", "flash_attention", "quantization", "speculative", "determinism",
-           "hybrid", "operations"}
+           "hybrid", "operations", "distributed"}
 KINDS = [pytest.param(k, marks=() if k in ONE_SET else pytest.mark.xfail(
              reason="capítulo aún sin el conjunto único de preguntas y reto"))
          for k in sorted(list_labs(), key=lambda k: get_spec(k).chapter)]

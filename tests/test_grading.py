@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KV = ROOT / "labs" / "02-kv-cache"
 KINDS = ["roofline", "kv_cache", "continuous_batching", "paged_attention", "scheduler",
          "observability", "quantization", "flash_attention", "speculative", "determinism",
-         "hybrid", "operations"]
+         "hybrid", "operations", "distributed"]
 
 
 def rows(gradebook: Path) -> dict[str, dict]:
@@ -166,6 +166,9 @@ def good_measurement(kind: str) -> dict:
         return determinism_measurement()
     if kind == "operations":
         return operations_measurement()
+    if kind == "distributed":
+        from ai_evolution.checks.distributed import challenge_answer
+        return challenge_answer(get_spec("distributed").resolve_params("ci", {}))
     if kind == "hybrid":
         from ai_evolution.checks.hybrid import challenge_answer
         return challenge_answer()
@@ -958,6 +961,71 @@ def goodput_rate(probes, slo_ttft_s, slo_tpot_s):
 _ok = goodput_rate
 def goodput_rate(probes, slo_ttft_s, slo_tpot_s):
     return _ok(probes, slo_ttft_s, math.inf)
+'''),
+    ],
+    "distributed": [
+        ("shard_linear", "reparte las entradas por columnas y las salidas por filas", '''
+def shard_linear(weight, rank, n, mode):
+    dim = 1 if mode == "column" else 0
+    size = weight.shape[dim] // n
+    return weight.narrow(dim, rank * size, size).clone()
+'''),
+        ("shard_linear", "el trozo del rango siguiente", '''
+def shard_linear(weight, rank, n, mode):
+    dim = 0 if mode == "column" else 1
+    size = weight.shape[dim] // n
+    return weight.narrow(dim, ((rank + 1) % n) * size, size).clone()
+'''),
+        ("shard_linear", "trozos intercalados, no contiguos", '''
+def shard_linear(weight, rank, n, mode):
+    return (weight[rank::n] if mode == "column" else weight[:, rank::n]).clone()
+'''),
+        ("allreduce_bytes", "un all-reduce por capa", '''
+def allreduce_bytes(config, num_tokens, dtype_bytes):
+    return config.num_layers * num_tokens * config.hidden_size * dtype_bytes
+'''),
+        ("allreduce_bytes", "la anchura del MLP en el mensaje", '''
+def allreduce_bytes(config, num_tokens, dtype_bytes):
+    return 2 * config.num_layers * num_tokens * config.intermediate_size * dtype_bytes
+'''),
+        ("allreduce_bytes", "cabezas por su tamaño en lugar de hidden_size", '''
+def allreduce_bytes(config, num_tokens, dtype_bytes):
+    return 2 * config.num_layers * num_tokens * config.num_heads * config.head_dim * dtype_bytes
+'''),
+        ("affinity_choice", "el prefijo común más corto", '''
+def affinity_choice(prefix, owners, loads, candidates, max_imbalance):
+    lightest = min(candidates, key=lambda i: (loads[i], i))
+    for h in prefix:
+        owner = owners.get(h)
+        if owner is not None and owner in candidates:
+            return lightest if loads[owner] - loads[lightest] > max_imbalance else owner
+    return lightest
+'''),
+        ("affinity_choice", "sin guardián de carga", '''
+def affinity_choice(prefix, owners, loads, candidates, max_imbalance):
+    for h in reversed(prefix):
+        owner = owners.get(h)
+        if owner is not None and owner in candidates:
+            return owner
+    return min(candidates, key=lambda i: (loads[i], i))
+'''),
+        ("affinity_choice", "el dueño aunque no sea candidato", '''
+def affinity_choice(prefix, owners, loads, candidates, max_imbalance):
+    lightest = min(candidates, key=lambda i: (loads[i], i))
+    for h in reversed(prefix):
+        owner = owners.get(h)
+        if owner is not None:
+            return lightest if loads[owner] - loads[lightest] > max_imbalance else owner
+    return lightest
+'''),
+        ("affinity_choice", "guardián con >= en lugar de >", '''
+def affinity_choice(prefix, owners, loads, candidates, max_imbalance):
+    lightest = min(candidates, key=lambda i: (loads[i], i))
+    for h in reversed(prefix):
+        owner = owners.get(h)
+        if owner is not None and owner in candidates:
+            return lightest if loads[owner] - loads[lightest] >= max_imbalance else owner
+    return lightest
 '''),
     ],
 }

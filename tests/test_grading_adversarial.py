@@ -721,7 +721,8 @@ def test_a_shard_grades_only_its_students(tmp_path):
 @pytest.mark.parametrize("kind", ["roofline", "kv_cache", "continuous_batching",
                                   "paged_attention", "scheduler", "observability",
                                   "quantization", "flash_attention", "speculative",
-                                  "determinism", "hybrid", "operations"])
+                                  "determinism", "hybrid", "operations",
+                                  "distributed"])
 def test_each_lab_solution_rebuilt_in_the_checker_gets_every_function_point(kind, tmp_path):
     """The screen accepts the solutions' exercise cells, the lab's setup imports are enough to
     rebuild them in the function worker (on the library without the lab's references), no

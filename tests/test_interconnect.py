@@ -39,10 +39,11 @@ def test_ring_allreduce_time_on_values():
 
 
 def test_allreduce_bytes_per_step_is_two_per_layer_of_tokens_times_hidden():
-    moved = allreduce_bytes_per_step(LLAMA70, 32, "bf16")
-    assert moved["num_allreduces"] == 160
-    assert moved["per_allreduce"] == 32 * 8192 * 2
-    assert moved["per_step"] == 2 * 80 * 8192 * 32 * 2
+    assert allreduce_bytes_per_step(LLAMA70, 32, "bf16") == 2 * 80 * 8192 * 32 * 2
+    step = tp_decode_step(LLAMA70, H100, 2, 32, 128)
+    assert step.allreduce_bytes_per_step == 2 * 80 * 8192 * 32 * 2
+    link = interconnect_of(H100, "nvlink")
+    assert step.allreduce_s == pytest.approx(160 * ring_allreduce_s(32 * 8192 * 2, 2, link))
 
 
 def test_tp1_is_the_plain_roofline_and_tp_divides_the_bytes():

@@ -333,22 +333,24 @@ def test_four_shards_rebuild_the_layer_and_the_vocabulary(monkeypatch):
 
 
 def test_allreduce_is_measured_against_message_size():
-    from ai_evolution.engine.tensor_parallel import measure_allreduce
+    from ai_evolution.hardware.allreduce import measure_allreduce
 
-    rows = measure_allreduce([1024, 2**16 + 3], reps=3)
+    rows = measure_allreduce([1024, 2**16 + 3], repeats=3, warmup=1)
     assert [r["bytes"] for r in rows] == [1024, 2**16]  # whole float32 elements
     for r in rows:
         assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"]
-        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / r["median_s"] / 1e9)
+        assert r["algbw_bytes_per_s"] == pytest.approx(r["bytes"] / r["median_s"])
 
 
 @pytest.mark.parametrize("kw, what", [
-    (dict(world_size=1), "world_size >= 2"), (dict(reps=0), "reps debe ser un entero >= 1"),
+    (dict(world_size=1), "world_size debe ser un entero >= 2"),
+    (dict(repeats=0), "repeats debe ser un entero >= 1"),
     (dict(sizes_bytes=[2]), "sizes_bytes debe ser una lista de enteros >= 4"),
-    (dict(sizes_bytes=[]), "sizes_bytes"), (dict(world_size=1.5), "world_size debe ser un entero >= 1"),
+    (dict(sizes_bytes=[]), "sizes_bytes"), (dict(world_size=1.5), "world_size debe ser un entero"),
+    (dict(world_size=10**4), "más procesos que los"), (dict(threads=0), "threads"),
 ])
 def test_allreduce_measure_refuses_bad_input(kw, what):
-    from ai_evolution.engine.tensor_parallel import measure_allreduce
+    from ai_evolution.hardware.allreduce import measure_allreduce
 
     with pytest.raises(ValueError, match=what):
         measure_allreduce(**kw)

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from ..model.config import ModelConfig
 from ..model.decoder import Transformer
-from ..model.memory import dtype_bytes
+from ..model.memory import allreduce_bytes_per_step, allreduce_bytes_per_token
 from .llm_engine import ExecutorFailed
 from .runner import ModelRunner
 from .step import SchedulerOutput, StepResult
@@ -90,113 +90,11 @@ def _valid_size(config: ModelConfig, n: int) -> bool:
 
 
 # --- bytes moved ---------------------------------------------------------------------------------
-def allreduce_bytes_per_token(config: ModelConfig, dtype="bf16") -> float:
-    """Bytes all-reduced per token in one forward pass: 2 all-reduces per layer (after ``o_proj``
-    and after ``down_proj``), each of the token's ``hidden_size`` activations:
-    ``2 x layers x hidden x dtype bytes``. It is the size of the tensors reduced (the payload),
-    whatever N; what each link carries depends on the algorithm (``ring_allreduce_traffic``)."""
-    return 2 * config.num_layers * config.hidden_size * dtype_bytes(dtype)
-
-
-def allreduce_bytes_per_step(config: ModelConfig, num_tokens: int, dtype="bf16") -> float:
-    """Bytes all-reduced by a step that computes ``num_tokens`` tokens (a decode step: one per
-    request in the batch): ``2 x layers x hidden x num_tokens x dtype bytes``."""
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-        raise ValueError(f"num_tokens debe ser un entero >= 0; se recibió {num_tokens!r}")
-    return allreduce_bytes_per_token(config, dtype) * num_tokens
-
-
 def ring_allreduce_traffic(payload_bytes: float, n: int) -> float:
     """Bytes each rank sends (and receives) to all-reduce ``payload_bytes`` over a ring of ``n``
     ranks: reduce-scatter then all-gather, ``2 (n - 1) / n`` times the payload (0 for n = 1)."""
     check_tensor_parallel_size(n, "n")
     return 2 * (n - 1) / n * payload_bytes
-
-
-def measure_allreduce(sizes_bytes=(2**10, 2**14, 2**18, 2**22), world_size: int = 2, *,
-                      reps: int = 20, dtype: torch.dtype = torch.float32,
-                      threads: int = 1) -> list[dict]:
-    """All-reduce time on this machine against message size: ``world_size`` fresh processes
-    (spawned, gloo; none is this one, so an open tensor-parallel engine is not disturbed) sum a
-    tensor of each size ``reps`` times, after 3 unmeasured ones, each rep behind a barrier.
-
-    One row per size: ``bytes`` (the payload, rounded down to whole elements), ``median_s``,
-    ``min_s``, ``max_s`` (rank 0's times; measured, so volatile) and ``algbw_gbps`` (payload /
-    median time, GB/s). On one machine the "interconnect" is the loopback: what it shows is the
-    fixed cost of a collective as much as a bandwidth."""
-    check_tensor_parallel_size(world_size, "world_size")
-    if world_size < 2:
-        raise ValueError("measure_allreduce necesita world_size >= 2 (con un solo proceso no hay "
-                         "nada que reducir)")
-    _backend(torch.device("cpu"), world_size)  # more processes than cores: refused
-    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
-        raise ValueError(f"reps debe ser un entero >= 1; se recibió {reps!r}")
-    element = torch.empty((), dtype=dtype).element_size()
-    sizes = list(sizes_bytes)
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < element for b in sizes):
-        raise ValueError(f"sizes_bytes debe ser una lista de enteros >= {element} (bytes de un "
-                         f"elemento {dtype}); se recibió {sizes!r}")
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=START_TIMEOUT_S))
-    ctx = mp.get_context("spawn")
-    pipes = [ctx.Pipe() for _ in range(world_size)]
-    procs = [ctx.Process(target=_allreduce_timer, daemon=True, name=f"allreduce-{rank}",
-                         args=(child, rank, world_size, store.port, sizes, reps, dtype, threads))
-             for rank, (_, child) in enumerate(pipes)]
-    try:
-        for proc in procs:
-            proc.start()
-        for _, child in pipes:
-            child.close()
-        conn, proc = pipes[0][0], procs[0]
-        ready = wait_for([conn, proc.sentinel], timeout=STEP_TIMEOUT.total_seconds())
-        try:
-            kind, rows = conn.recv() if conn in ready else ("error", "sin respuesta")
-        except EOFError:
-            kind, rows = "error", f"el proceso {proc.name} terminó sin resultado"
-        if kind == "error":
-            raise RuntimeError(f"la medida del all-reduce falló:\n{rows}")
-        return rows
-    finally:
-        for proc in procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5)
-
-
-def _allreduce_timer(conn, rank: int, n: int, port: int, sizes: list[int], reps: int,
-                     dtype: torch.dtype, threads: int) -> None:
-    _watch_parent()
-    torch.set_num_threads(threads)
-    try:
-        store = dist.TCPStore("127.0.0.1", port, n, is_master=False,
-                              timeout=timedelta(seconds=START_TIMEOUT_S))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=STEP_TIMEOUT)
-        element = torch.empty((), dtype=dtype).element_size()
-        rows = []
-        for size in sizes:
-            x = torch.ones(size // element, dtype=dtype)
-            times = []
-            for i in range(3 + reps):
-                dist.barrier()
-                start = time.perf_counter()
-                dist.all_reduce(x)
-                if i >= 3:
-                    times.append(time.perf_counter() - start)
-            times.sort()
-            median = times[len(times) // 2] if len(times) % 2 else \
-                (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2
-            payload = x.numel() * element
-            rows.append({"bytes": payload, "median_s": median, "min_s": times[0],
-                         "max_s": times[-1], "algbw_gbps": payload / median / 1e9})
-        dist.destroy_process_group()
-        if rank == 0:
-            conn.send(("rows", rows))
-    except BaseException:  # noqa: BLE001 - reported to the caller
-        if rank == 0:
-            conn.send(("error", traceback.format_exc()))
-        os._exit(1)
 
 
 # --- the sharded model ---------------------------------------------------------------------------
@@ -534,7 +432,44 @@ def _worker_main(conn, rank: int, n: int, port: int, backend: str, full_config: 
         dist.destroy_process_group()
 
 
-__all__ = ["RowParallelLinear", "ShardedTransformer", "TensorParallelRunner",
+# --- measuring a tensor-parallel engine (the benchmark and the chapter 13 lab) -------------------
+def decode_rate(engine, prompts, max_tokens: int) -> tuple[float, float, list[list[int]]]:
+    """Run greedy requests (one per prompt, ``max_tokens`` each, all at t = 0) on ``engine``:
+    (decode tokens/s over the pure decode steps, seconds of all its steps, tokens of each
+    request). The step times are measured: volatile."""
+    from .request import SamplingParams
+    first = len(engine.history)
+    items = [(0.0, p, SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
+    done = engine.run(items)
+    steps = [s for s in engine.history[first:] if not any(e.is_prefill for e in s.scheduled)]
+    rate = sum(s.num_tokens for s in steps) / sum(s.duration for s in steps)
+    return rate, sum(s.duration for s in engine.history[first:]), [r.output_token_ids for r in done]
+
+
+class AllReduceTimer:
+    """Wraps ``dist.all_reduce`` in this process (rank 0) while open: ``calls``, ``seconds``
+    inside it (its own sum plus the wait for the other ranks) and ``bytes`` reduced."""
+
+    def __init__(self) -> None:
+        self.calls, self.seconds, self.bytes, self._real = 0, 0.0, 0, dist.all_reduce
+
+    def __enter__(self) -> "AllReduceTimer":
+        def timed(tensor, *args, **kw):
+            start = time.perf_counter()
+            try:
+                return self._real(tensor, *args, **kw)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+                self.bytes += tensor.numel() * tensor.element_size()
+        dist.all_reduce = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dist.all_reduce = self._real
+
+
+__all__ = ["AllReduceTimer", "RowParallelLinear", "ShardedTransformer", "TensorParallelRunner",
            "allreduce_bytes_per_step", "allreduce_bytes_per_token", "check_shardable",
-           "check_tensor_parallel_size", "load_shard", "measure_allreduce",
+           "check_tensor_parallel_size", "decode_rate", "load_shard",
            "ring_allreduce_traffic", "shard_config", "shard_state_dict"]

@@ -1,10 +1,13 @@
 """All-reduce time vs message size on THIS machine: ``world_size`` processes, ``torch.distributed``
-with the gloo backend (the CPU's; NCCL's twin on GPUs), each timing ``all_reduce`` of float32
-tensors of each size.
+with the gloo backend (the CPU's; NCCL's twin on GPUs), each timing ``all_reduce`` of tensors of
+each size. The one measurement of the project: the chapter 13 lab, the tensor-parallel benchmark
+and the tests all call it.
 
-``measure_allreduce(sizes_bytes)`` starts the ranks (``spawn``: fresh interpreters, one torch
-thread each), rendezvous over TCP on 127.0.0.1, warms up, then for each size runs ``repeats``
-timed all-reduces, each after a barrier, and reports rank 0's times (a measured timing: volatile).
+``measure_allreduce(sizes_bytes)`` spawns the ranks (fresh interpreters, none of them this
+process, so an open tensor-parallel engine is not disturbed; ``threads`` torch threads each),
+which rendezvous over a TCP store on 127.0.0.1 (port chosen by the OS: no race), warm up, then
+for each size run ``repeats`` timed all-reduces, each after a barrier, and report rank 0's times
+(a measured timing: volatile). A rank whose parent dies exits (no orphans).
 ``fit_allreduce(rows)`` fits the ring model of ``sim.interconnect`` to them,
 ``t = latency + 2 (p - 1) / p x bytes / bandwidth`` (non-negative least squares), and returns the
 ``Interconnect`` this machine behaves as, so a lab can put its own link into the same formula it
@@ -16,88 +19,118 @@ this machine's loopback and memory copies, not a network.
 
 from __future__ import annotations
 
-import socket
+import os
 import statistics
 import time
+import traceback
+from datetime import timedelta
 from typing import Sequence
 
 import torch
 
 DEFAULT_SIZES_BYTES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20)
+START_TIMEOUT_S = 300.0  # spawning a rank imports torch: seconds on a busy CPU
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank: int, world_size: int, port: int, sizes: list[int], repeats: int,
-               warmup: int, out) -> None:
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size)
-    try:
-        rows = []
-        for size in sizes:
-            x = torch.ones(max(1, size // 4), dtype=torch.float32)
-            for _ in range(warmup):
-                dist.all_reduce(x)
-            times = []
-            for _ in range(repeats):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(x)
-                times.append(time.perf_counter() - t0)
-            rows.append((size, times))
-        if rank == 0:
-            out.put(rows)
-    finally:
-        dist.destroy_process_group()
+def _check_int(value, name: str, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} debe ser un entero >= {low}; se recibió {value!r}")
 
 
 def measure_allreduce(sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES, world_size: int = 2,
-                      repeats: int = 7, warmup: int = 2, timeout_s: float = 120.0) -> list[dict]:
-    """One row per size: ``bytes``, ``times_s`` (rank 0's), ``median_s``, ``min_s``, and the
-    bandwidths NCCL's tests print, ``algbw`` = bytes / median and ``busbw`` = algbw x
-    2 (p - 1) / p (what each rank's link carried per second)."""
+                      repeats: int = 7, warmup: int = 2, timeout_s: float = 120.0, *,
+                      dtype: torch.dtype = torch.float32, threads: int = 1) -> list[dict]:
+    """One row per size: ``bytes`` (the payload, rounded down to whole elements of ``dtype``),
+    ``world_size``, ``times_s`` (rank 0's), ``median_s``, ``min_s``, ``max_s``, and the
+    bandwidths NCCL's tests print, ``algbw_bytes_per_s`` = bytes / median and
+    ``busbw_bytes_per_s`` = algbw x 2 (p - 1) / p (what each rank's link carried per second).
+    More ranks than this CPU's cores are refused."""
+    import torch.distributed as dist
     import torch.multiprocessing as mp
-    sizes = [int(s) for s in sizes_bytes]
-    if not sizes or any(s < 4 for s in sizes):
-        raise ValueError(f"sizes_bytes: al menos un tamaño, cada uno >= 4 bytes (un float32); "
-                         f"se recibió {list(sizes_bytes)!r}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(f"world_size debe ser un entero >= 2; se recibió {world_size!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats debe ser un entero >= 1; se recibió {repeats!r}")
+    from multiprocessing.connection import wait as wait_for
+
+    _check_int(world_size, "world_size", 2)
+    _check_int(repeats, "repeats", 1)
+    _check_int(warmup, "warmup", 0)
+    _check_int(threads, "threads", 1)
+    cores = os.cpu_count() or 1
+    if world_size > cores:
+        raise ValueError(f"world_size={world_size} pide más procesos que los {cores} núcleos de "
+                         f"esta CPU; use world_size <= {cores}")
+    element = torch.empty((), dtype=dtype).element_size()
+    sizes = list(sizes_bytes)
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < element for b in sizes):
+        raise ValueError(f"sizes_bytes debe ser una lista de enteros >= {element} (los bytes de un "
+                         f"elemento {dtype}); se recibió {sizes!r}")
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=START_TIMEOUT_S))
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, sizes, repeats, warmup, out),
-                         daemon=True) for r in range(world_size)]
-    for p in procs:
-        p.start()
+    pipes = [ctx.Pipe() for _ in range(world_size)]
+    procs = [ctx.Process(target=_rank_main, daemon=True, name=f"allreduce-{rank}",
+                         args=(child, rank, world_size, store.port, sizes, repeats, warmup,
+                               dtype, threads))
+             for rank, (_, child) in enumerate(pipes)]
     try:
-        rows = out.get(timeout=timeout_s)
-    except Exception:
-        raise RuntimeError(f"la medida del all-reduce no terminó en {timeout_s} s (¿algún rango "
-                           "falló al arrancar?)") from None
+        for proc in procs:
+            proc.start()
+        for _, child in pipes:
+            child.close()
+        conn, proc = pipes[0][0], procs[0]
+        ready = wait_for([conn, proc.sentinel], timeout=timeout_s)
+        try:
+            kind, rows = conn.recv() if conn in ready else (
+                "error", f"sin respuesta en {timeout_s} s")
+        except EOFError:
+            kind, rows = "error", f"el proceso {proc.name} terminó sin resultado"
+        if kind == "error":
+            raise RuntimeError(f"la medida del all-reduce falló:\n{rows}")
     finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
     factor = 2 * (world_size - 1) / world_size
     result = []
     for size, times in rows:
         median = statistics.median(times)
         result.append({"bytes": size, "world_size": world_size, "times_s": times,
-                       "median_s": median, "min_s": min(times),
+                       "median_s": median, "min_s": min(times), "max_s": max(times),
                        "algbw_bytes_per_s": size / median,
                        "busbw_bytes_per_s": size / median * factor})
     return result
+
+
+def _rank_main(conn, rank: int, n: int, port: int, sizes: list[int], repeats: int, warmup: int,
+               dtype: torch.dtype, threads: int) -> None:
+    import torch.distributed as dist
+    from ..engine.tensor_parallel import STEP_TIMEOUT, _watch_parent
+    _watch_parent()
+    torch.set_num_threads(threads)
+    try:
+        store = dist.TCPStore("127.0.0.1", port, n, is_master=False,
+                              timeout=timedelta(seconds=START_TIMEOUT_S))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=STEP_TIMEOUT)
+        element = torch.empty((), dtype=dtype).element_size()
+        rows = []
+        for size in sizes:
+            x = torch.ones(size // element, dtype=dtype)
+            for _ in range(warmup):
+                dist.all_reduce(x)
+            times = []
+            for _ in range(repeats):
+                dist.barrier()
+                start = time.perf_counter()
+                dist.all_reduce(x)
+                times.append(time.perf_counter() - start)
+            rows.append((x.numel() * element, times))
+        dist.destroy_process_group()
+        if rank == 0:
+            conn.send(("rows", rows))
+    except BaseException:  # noqa: BLE001 - reported to the caller
+        if rank == 0:
+            conn.send(("error", traceback.format_exc()))
+        os._exit(1)
 
 
 def fit_allreduce(rows: Sequence[dict], name: str = "gloo (esta máquina)"):

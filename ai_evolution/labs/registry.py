@@ -25,6 +25,7 @@ from .profiles import resolve_profile
 _LABS: dict[str, str] = {
     "continuous_batching": "ai_evolution.labs.continuous_batching",
     "determinism": "ai_evolution.labs.determinism",
+    "distributed": "ai_evolution.labs.distributed",
     "flash_attention": "ai_evolution.labs.flash_attention",
     "hybrid": "ai_evolution.labs.hybrid",
     "kv_cache": "ai_evolution.labs.kv_cache",

@@ -249,6 +249,24 @@ def kv_bytes_per_token(config: ModelConfig, dtype: str | torch.dtype = "bf16",
 DEFAULT_STATE_DTYPE = "float32"
 
 
+def allreduce_bytes_per_token(config: ModelConfig, dtype: str | torch.dtype = "bf16") -> float:
+    """Bytes all-reduced per token by a tensor-parallel forward pass (Megatron-LM's split): 2
+    all-reduces per layer (after ``o_proj`` and after ``down_proj``), each of the token's
+    ``hidden_size`` activations: ``2 x layers x hidden x dtype bytes``. It is the size of the
+    tensors reduced (the payload), whatever the number of ranks; what each link carries depends
+    on the algorithm (``engine.tensor_parallel.ring_allreduce_traffic``)."""
+    return 2 * config.num_layers * config.hidden_size * dtype_bytes(dtype)
+
+
+def allreduce_bytes_per_step(config: ModelConfig, num_tokens: int,
+                             dtype: str | torch.dtype = "bf16") -> float:
+    """Bytes all-reduced by a tensor-parallel step that computes ``num_tokens`` tokens (a decode
+    step: one per request in the batch): ``2 x layers x hidden x num_tokens x dtype bytes``."""
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        raise ValueError(f"num_tokens debe ser un entero >= 0; se recibió {num_tokens!r}")
+    return allreduce_bytes_per_token(config, dtype) * num_tokens
+
+
 def recurrent_state_bytes(config: ModelConfig, dtype: str | torch.dtype = DEFAULT_STATE_DTYPE) -> float:
     """Bytes of the delta-rule matrices of one sequence: linear layers x value heads x
     key_head_dim x value_head_dim x bytes (0 for a plain transformer)."""

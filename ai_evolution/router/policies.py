@@ -26,7 +26,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 POLICIES = ("round-robin", "least-outstanding", "prefix-affinity")
 DEFAULT_BLOCK_CHARS = 64   # a text block: about 16 tokens of Spanish or English text
@@ -74,6 +74,31 @@ def _check(loads: Sequence[int], candidates: Sequence[int]) -> None:
         raise ValueError(f"índices de réplica fuera de rango: {bad}; hay {len(loads)} réplicas")
 
 
+def longest_match(prefix: Sequence[bytes], owners: Mapping, candidates: Sequence[int]) -> int | None:
+    """The candidate that last served the longest leading run of ``prefix`` (``owners``: block
+    hash -> replica index), None if none did."""
+    for h in reversed(prefix):
+        i = owners.get(h)
+        if i is not None and i in candidates:
+            return i
+    return None
+
+
+def affinity_choice(prefix: Sequence[bytes], owners: Mapping, loads: Sequence[int],
+                    candidates: Sequence[int], max_imbalance: int) -> Choice:
+    """The prefix-affinity rule on values (``PrefixAffinity.choose`` without the bookkeeping):
+    the longest match's owner, unless it has more than ``max_imbalance`` outstanding requests
+    above the least-loaded candidate; no match -> the least-loaded candidate."""
+    _check(loads, candidates)
+    lightest = _least_loaded(loads, candidates)
+    owner = longest_match(prefix, owners, candidates)
+    if owner is None:
+        return Choice(lightest, "prefix_miss")
+    if loads[owner] - loads[lightest] > max_imbalance:
+        return Choice(lightest, "load_guard")
+    return Choice(owner, "prefix_hit")
+
+
 class RoundRobin:
     name = "round-robin"
 
@@ -106,34 +131,35 @@ class PrefixAffinity:
 
     name = "prefix-affinity"
 
-    def __init__(self, max_imbalance: int = 4, max_entries: int = 65536) -> None:
+    def __init__(self, max_imbalance: int = 4, max_entries: int = 65536, rule=None) -> None:
+        """``rule(prefix, owners, loads, candidates, max_imbalance) -> index``: another
+        implementation of ``affinity_choice``'s rule (a lab plugs a student's in here; it gets a
+        copy of the map, plain data that can cross to the autograder's worker); its choices are counted under the reason ``rule``."""
         if isinstance(max_imbalance, bool) or not isinstance(max_imbalance, int) or max_imbalance < 0:
             raise ValueError(f"max_imbalance debe ser un entero >= 0; se recibió {max_imbalance!r}")
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"max_entries debe ser un entero >= 1; se recibió {max_entries!r}")
         self.max_imbalance = max_imbalance
         self.max_entries = max_entries
+        self.rule = rule
         self._owner: OrderedDict[bytes, int] = OrderedDict()
 
     def match(self, prefix: Sequence[bytes], candidates: Sequence[int]) -> int | None:
         """The candidate that last served the longest leading run of ``prefix`` (None if none)."""
-        for h in reversed(prefix):
-            i = self._owner.get(h)
-            if i is not None and i in candidates:
-                return i
-        return None
+        return longest_match(prefix, self._owner, candidates)
 
     def choose(self, prefix: Sequence[bytes], loads: Sequence[int],
                candidates: Sequence[int]) -> Choice:
-        _check(loads, candidates)
-        lightest = _least_loaded(loads, candidates)
-        owner = self.match(prefix, candidates)
-        if owner is None:
-            choice = Choice(lightest, "prefix_miss")
-        elif loads[owner] - loads[lightest] > self.max_imbalance:
-            choice = Choice(lightest, "load_guard")
+        if self.rule is None:
+            choice = affinity_choice(prefix, self._owner, loads, candidates, self.max_imbalance)
         else:
-            choice = Choice(owner, "prefix_hit")
+            _check(loads, candidates)
+            index = self.rule(list(prefix), dict(self._owner), list(loads), list(candidates),
+                              self.max_imbalance)
+            if index not in candidates:
+                raise ValueError(f"la regla de afinidad devolvió {index!r}, que no es una de las "
+                                 f"réplicas candidatas {list(candidates)}")
+            choice = Choice(index, "rule")
         self.record(prefix, choice.index)
         return choice
 

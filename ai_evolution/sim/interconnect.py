@@ -24,9 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import torch
-
-from ..model import ModelConfig, dtype_bytes, kv_bytes_per_token, param_count
+from ..model import (ModelConfig, allreduce_bytes_per_step, dtype_bytes, kv_bytes_per_token,
+                     param_count)
 from .cost_model import RooflineCostModel, step_cost
 
 LINKS = ("nvlink", "pcie")
@@ -75,15 +74,6 @@ def ring_allreduce_s(message_bytes: float, world_size: int, link: Interconnect) 
         return 0.0
     p = world_size
     return 2 * (p - 1) / p * message_bytes / link.bandwidth_bytes_per_s + link.latency_s
-
-
-def allreduce_bytes_per_step(config: ModelConfig, num_tokens: int,
-                             dtype: str | torch.dtype = "bf16") -> dict:
-    """What a TP step all-reduces: ``per_allreduce`` = tokens x hidden x dtype bytes, two per
-    layer, ``per_step`` = 2 x layers x tokens x hidden x dtype bytes (the same whatever ``tp``)."""
-    per = num_tokens * config.hidden_size * dtype_bytes(dtype)
-    return {"num_allreduces": 2 * config.num_layers, "per_allreduce": per,
-            "per_step": 2 * config.num_layers * per}
 
 
 def kv_share(config: ModelConfig, tp: int) -> float:
@@ -161,16 +151,17 @@ def tp_step(config: ModelConfig, spec, tp: int, query_lens: Sequence[int],
                   flops / roof.peak_flops) + overhead_s
     tokens = sum(query_lens)
     moved = allreduce_bytes_per_step(config, tokens, dtype)
+    num_allreduces = 2 * config.num_layers  # after o_proj and after down_proj
     comm = 0.0
     if tp > 1:
-        comm = moved["num_allreduces"] * ring_allreduce_s(
-            moved["per_allreduce"], tp, interconnect_of(spec, link, latency_s))
+        comm = num_allreduces * ring_allreduce_s(
+            moved / num_allreduces, tp, interconnect_of(spec, link, latency_s))
     held = (param_count(config) * dtype_bytes(dtype) / tp
             + kv_bytes_per_token(config, dtype if kv_dtype is None else kv_dtype)
             * sum(context_lens) * share)
     return TPStep(tp, link, tokens, weight_b, kv_b, flops, held,
                   held <= GPU_MEMORY_UTILIZATION * spec.memory_bytes, compute, comm,
-                  moved["per_step"])
+                  moved)
 
 
 def tp_decode_step(config: ModelConfig, spec, tp: int, batch_size: int, context_len: int,

@@ -103,10 +103,12 @@ def simulate_routing(policy, workload: Sequence, num_replicas: int,
 
 def compare_policies(workload: Sequence, replica_counts: Sequence[int],
                      make_engine: Callable[[], object], policies: Sequence[str] = POLICIES,
+                     policy_factory: Callable[[str], object] = make_policy,
                      **options) -> list[dict]:
     """``simulate_routing`` for every policy and replica count (a fresh fleet and a fresh policy
-    each time), one row per pair, in the order given."""
-    return [simulate_routing(make_policy(p), workload, n, make_engine, **options)
+    each time, ``policy_factory(name)``: a lab passes one that builds a student's rule), one row
+    per pair, in the order given."""
+    return [simulate_routing(policy_factory(p), workload, n, make_engine, **options)
             for n in replica_counts for p in policies]
 
 
@@ -116,7 +118,8 @@ def routing_study(seed: int = 0, replica_counts: Sequence[int] = (2, 4, 8), *,
                   rate_per_replica: float = 12.0, system_prompts_per_replica: int = 4,
                   system_len: int = 1536, turns: int = 3, turn_len: int = 128,
                   output_len: int = 64, num_blocks: int = 2048, max_num_seqs: int = 32,
-                  max_model_len: int = 4096) -> dict:
+                  max_model_len: int = 4096,
+                  policy_factory: Callable[[str], object] = make_policy) -> dict:
     """The chapter's comparison: for each replica count N, a workload that grows with N (N x
     ``sessions_per_replica`` conversations of ``turns`` turns over N x
     ``system_prompts_per_replica`` system prompts, N x ``rate_per_replica`` requests/s, seeded by
@@ -137,7 +140,7 @@ def routing_study(seed: int = 0, replica_counts: Sequence[int] = (2, 4, 8), *,
             n * sessions_per_replica, n * rate_per_replica, config.vocab_size, seed,
             num_system_prompts=n * system_prompts_per_replica, system_len=system_len, turns=turns,
             turn_len=turn_len, output_len=output_len)
-        rows += compare_policies(workload, [n], make, policies)
+        rows += compare_policies(workload, [n], make, policies, policy_factory)
     settings = dict(seed=seed, model=model, device=device, sessions_per_replica=sessions_per_replica,
                     rate_per_replica=rate_per_replica,
                     system_prompts_per_replica=system_prompts_per_replica, system_len=system_len,
