@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Train ``tiny-es``, the small Spanish model shipped with ai_evolution, from ``data/corpus/``,
-or (``--draft``) ``tiny-es-draft``, its smaller draft model for speculative decoding.
+or (``--draft``) ``tiny-es-draft``, its smaller draft model for speculative decoding, or
+(``--copy``) ``tiny-es-copy``, tiny-es fine-tuned to repeat its context (the target on which
+prompt-lookup speculation has something to look up).
 
 Steps:
   1. Read ``data/corpus/*.txt`` (sorted by name) and hash it.
@@ -17,17 +19,28 @@ Steps:
   6. With ``--target``: measure the greedy acceptance rate of the new model as a draft for the
      target on held-out prompts (the start of every third file's validation tail), per k.
 
+``--copy`` starts from tiny-es's weights (``--init-from``, same tokenizer and architecture) and
+fine-tunes on a mix (``--copy-fraction`` of every batch's rows) of plain training windows and rows
+packed with copy tasks built from the *training* split only: a passage, a blank line and the same
+passage; "Repite: <passage>" and the passage; "Corrige: <passage with a few tokens replaced> ->"
+and the original (no loss on the replaced tokens); a passage, a question about how it begins and
+an answer that quotes its first half. It then measures, on the held-out split, how much of a
+paragraph the model reproduces when asked to repeat it (the copy fraction), for the new model and
+for the one it started from, and both models' held-out perplexity.
+
 Same seed + same corpus + same machine + same thread count -> the same weights, bit for bit.
 
     python scripts/train_tiny_es.py                 # the shipped run
     python scripts/train_tiny_es.py --steps 40 --out /tmp/tiny-es-trial   # a quick trial
     python scripts/train_tiny_es.py --draft         # the shipped draft model (tiny-es-draft)
+    python scripts/train_tiny_es.py --copy          # the shipped copying model (tiny-es-copy)
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -66,6 +79,18 @@ DRAFT_DEFAULTS = dict(
     name="tiny-es-draft", out=DEFAULT_OUT.parent / "tiny-es-draft", tokenizer=DEFAULT_OUT / "tokenizer.json",
     target=DEFAULT_OUT, distill_from=DEFAULT_OUT, layers=2, hidden=128, heads=2, kv_heads=1, intermediate=352, steps=360, lr=3e-3,
 )
+# --copy: tiny-es fine-tuned on plain windows and copy tasks (same tokenizer and architecture).
+COPY_DEFAULTS = dict(
+    name="tiny-es-copy", out=DEFAULT_OUT.parent / "tiny-es-copy", tokenizer=DEFAULT_OUT / "tokenizer.json",
+    init_from=DEFAULT_OUT, copy_fraction=0.5, steps=600, lr=1e-3, warmup=30, eval_every=100,
+)
+# Copy tasks: passage lengths drawn uniformly in this range (tokens), share of tokens replaced in
+# a "Corrige:" task, and the held-out copy measurement (the lab's "copia" workload: a passage,
+# a blank line and the passage's first COPY_CUE tokens; the model should write the rest).
+COPY_PASSAGE = (12, 64)
+COPY_CORRUPT = 0.1
+COPY_EVAL_PASSAGE = 40
+COPY_CUE = 8
 ACCEPTANCE_KS = (1, 2, 4)
 ACCEPTANCE_PROMPT_TOKENS = 16
 ACCEPTANCE_NEW_TOKENS = 48
@@ -75,6 +100,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--draft", action="store_true",
                    help=f"train the draft model instead: defaults become {DRAFT_DEFAULTS}")
+    p.add_argument("--copy", action="store_true",
+                   help=f"fine-tune the copying model instead: defaults become {COPY_DEFAULTS}")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="a trained model folder: start from its weights and architecture "
+                        "(the architecture flags are then ignored)")
+    p.add_argument("--copy-fraction", type=float, default=0.0,
+                   help="share of each batch's rows packed with copy tasks instead of plain windows")
     p.add_argument("--name", default="tiny-es", help="model name in config and training record")
     p.add_argument("--tokenizer", type=Path, default=None,
                    help="reuse this tokenizer.json instead of training one")
@@ -108,9 +140,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--intermediate", type=int, default=704)
     p.add_argument("--max-positions", type=int, default=512)
     p.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default="float16")
-    if p.parse_known_args(argv)[0].draft:
+    known = p.parse_known_args(argv)[0]
+    if known.draft and known.copy:
+        p.error("--draft and --copy are two different models: pick one")
+    if known.draft:
         p.set_defaults(**DRAFT_DEFAULTS)
-    return p.parse_args(argv)
+    if known.copy:
+        p.set_defaults(**COPY_DEFAULTS)
+    args = p.parse_args(argv)
+    if not 0.0 <= args.copy_fraction <= 1.0:
+        p.error(f"--copy-fraction must lie in [0, 1], got {args.copy_fraction}")
+    return args
 
 
 # --- corpus --------------------------------------------------------------------------------------
@@ -175,10 +215,95 @@ def lr_at(step: int, args: argparse.Namespace) -> float:
     return args.lr * (args.min_lr_ratio + (1.0 - args.min_lr_ratio) * cosine)
 
 
-def lm_loss(model, ids: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy (nats/token) of ``ids`` ``[B, T+1]``."""
+def lm_loss(model, ids: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean next-token cross entropy (nats/token) of ``ids`` ``[B, T+1]``; with ``weight``
+    ``[B, T+1]`` (0 or 1 per target token), the mean over the tokens of weight 1 only."""
     logits = model(ids[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    flat = logits.reshape(-1, logits.shape[-1])
+    if weight is None:
+        return F.cross_entropy(flat, ids[:, 1:].reshape(-1))
+    w = weight[:, 1:].reshape(-1).to(flat.dtype)
+    return (F.cross_entropy(flat, ids[:, 1:].reshape(-1), reduction="none") * w).sum() / w.sum()
+
+
+# --- copy tasks (--copy) -----------------------------------------------------------------------------
+class CopyTasks:
+    """Seeded copy tasks from the training split (never the held-out text), packed into rows.
+
+    Every task is ``<s> source target </s>``; the loss weight is 0 on the tokens a "Corrige:"
+    source replaced (noise, not text to learn) and 1 everywhere else."""
+
+    KINDS = ("copia", "repite", "corrige", "cita")
+
+    def __init__(self, tok: Tokenizer, train_ids: torch.Tensor, seed: int):
+        self.tok, self.ids = tok, train_ids.tolist()
+        self.specials = {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
+        self.gen = torch.Generator().manual_seed(seed + 1)
+        enc = lambda s: tok.encode(s, add_bos=False)  # noqa: E731
+        self.sep, self.repeat, self.fix = enc("\n\n"), enc("Repite: "), enc("Corrige: ")
+        self.nl, self.arrow = enc("\n"), enc(" -> ")
+        self.question = enc("\nPregunta: ¿Cómo empieza el texto? Respuesta: «")
+        self.close = enc("»")
+
+    def _int(self, lo: int, hi: int) -> int:
+        """Uniform integer in [lo, hi] from the tasks' own generator."""
+        return int(torch.randint(lo, hi + 1, (1,), generator=self.gen))
+
+    def passage(self) -> list[int]:
+        """A training-split window of COPY_PASSAGE tokens with no document boundary inside."""
+        n = self._int(*COPY_PASSAGE)
+        while True:
+            start = self._int(0, len(self.ids) - n)
+            window = self.ids[start:start + n]
+            if not self.specials.intersection(window):
+                return window
+
+    def task(self) -> tuple[list[int], list[int]]:
+        """One task: (token ids, loss weights)."""
+        p = self.passage()
+        kind = self.KINDS[self._int(0, len(self.KINDS) - 1)]
+        if kind == "copia":
+            parts = [(p, 1), (self.sep, 1), (p, 1)]
+        elif kind == "repite":
+            parts = [(self.repeat, 1), (p, 1), (self.nl, 1), (p, 1)]
+        elif kind == "corrige":
+            noisy, mask = list(p), [1] * len(p)
+            for _ in range(max(1, round(COPY_CORRUPT * len(p)))):
+                i = self._int(0, len(p) - 1)
+                noisy[i], mask[i] = self._int(3, self.tok.vocab_size - 1), 0
+            ids = [self.tok.bos_token_id] + self.fix + noisy + self.arrow + p + [self.tok.eos_token_id]
+            weight = [1] * (1 + len(self.fix)) + mask + [1] * (len(self.arrow) + len(p) + 1)
+            return ids, weight
+        else:  # cita: the answer quotes the passage's first half
+            parts = [(p, 1), (self.question, 1), (p[:len(p) // 2], 1), (self.close, 1)]
+        ids = [self.tok.bos_token_id] + [t for seg, _ in parts for t in seg] + [self.tok.eos_token_id]
+        return ids, [1] * len(ids)
+
+    def row(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tasks packed back to back into one row of ``length`` tokens (the last one cut)."""
+        ids, weight = [], []
+        while len(ids) < length:
+            i, w = self.task()
+            ids += i
+            weight += w
+        return torch.tensor(ids[:length]), torch.tensor(weight[:length])
+
+
+def copy_prompts(val_chunks: list[torch.Tensor], separator: list[int]) -> tuple[list, list]:
+    """The held-out copy prompts: the first COPY_EVAL_PASSAGE tokens of every file's validation
+    tail, a blank line and their first COPY_CUE tokens; the expected continuation is the rest."""
+    passages = [v[:COPY_EVAL_PASSAGE].tolist() for v in val_chunks if len(v) >= COPY_EVAL_PASSAGE]
+    return [p + separator + p[:COPY_CUE] for p in passages], [p[COPY_CUE:] for p in passages]
+
+
+def copy_fraction(model, prompts: list[list[int]], expected: list[list[int]]) -> float:
+    """Fraction of greedy tokens equal to the expected continuation at the same place."""
+    same = total = 0
+    for prompt, want in zip(prompts, expected):
+        got = generate(model, prompt, len(want))[0]
+        same += sum(a == b for a, b in zip(got, want))
+        total += len(want)
+    return same / total
 
 
 def distill_loss(model, teacher, ids: torch.Tensor, weight: float) -> torch.Tensor:
@@ -303,6 +428,14 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"tokenizer: vocab {tok.vocab_size}; tokens: {len(train_ids):,} train, {n_val:,} validation "
           f"({corpus_info['bytes'] / (len(train_ids) + n_val):.2f} bytes/token)", flush=True)
 
+    init = None
+    if args.init_from is not None:
+        init = load_pretrained(args.init_from)
+        if init.config.vocab_size != tok.vocab_size:
+            raise ValueError(f"--init-from has {init.config.vocab_size} tokens, the tokenizer {tok.vocab_size}")
+        args.layers, args.hidden = init.config.num_layers, init.config.hidden_size
+        args.heads, args.kv_heads = init.config.num_heads, init.config.num_kv_heads
+        args.intermediate, args.max_positions = init.config.intermediate_size, init.config.max_position_embeddings
     config = ModelConfig(
         name=args.name, model_type="llama",
         num_layers=args.layers, hidden_size=args.hidden, num_heads=args.heads,
@@ -314,6 +447,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.seq_len > config.max_position_embeddings:
         raise ValueError("--seq-len must not exceed --max-positions")
     model = random_model(config, seed=args.seed).train()
+    if init is not None:
+        if dataclasses.replace(init.config, name=config.name, source=config.source) != config:
+            raise ValueError(f"--init-from's architecture {init.config} differs from {config}")
+        model.load_state_dict(init.state_dict())
+        model.tie_weights()
+    tasks = CopyTasks(tok, train_ids, args.seed) if args.copy_fraction > 0 else None
+    n_copy_rows = round(args.batch_size * args.copy_fraction)
     dropout_hooks = add_residual_dropout(model, args.dropout)
     teacher = None
     if args.distill_from is not None:
@@ -348,7 +488,15 @@ def main(argv: list[str] | None = None) -> dict:
             group["lr"] = lr
         starts = torch.randint(0, max_start + 1, (args.batch_size,), generator=data_gen)
         batch = torch.stack([train_ids[s:s + args.seq_len + 1] for s in starts.tolist()])
-        loss = lm_loss(model, batch) if teacher is None else distill_loss(model, teacher, batch, args.distill_weight)
+        weight = None
+        if tasks is not None and n_copy_rows:
+            weight = torch.ones_like(batch)
+            for r in range(args.batch_size - n_copy_rows, args.batch_size):
+                batch[r], weight[r] = tasks.row(args.seq_len + 1)
+        if teacher is not None:
+            loss = distill_loss(model, teacher, batch, args.distill_weight)
+        else:
+            loss = lm_loss(model, batch, weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -395,6 +543,38 @@ def main(argv: list[str] | None = None) -> dict:
         samples[prompt] = prompt + tok.decode(ids)
         print(f"sample: {samples[prompt]!r}", flush=True)
 
+    copy_record = None
+    if tasks is not None:
+        prompts_c, expected_c = copy_prompts(val_chunks, tok.encode("\n\n", add_bos=False))
+        copy_record = {
+            "tasks": {"kinds": {"copia": "<passage>\\n\\n<passage>",
+                                "repite": "Repite: <passage>\\n<passage>",
+                                "corrige": "Corrige: <passage, COPY_CORRUPT of its tokens replaced "
+                                           "by random ids (loss weight 0)> -> <passage>",
+                                "cita": "<passage>\\nPregunta: ¿Cómo empieza el texto? Respuesta: "
+                                        "«<first half of passage>»"},
+                      "kind_choice": "uniform", "passage_tokens": list(COPY_PASSAGE),
+                      "corrupted_share": COPY_CORRUPT,
+                      "source": "windows of the training split with no document boundary inside",
+                      "rows_per_step": n_copy_rows, "plain_rows_per_step": args.batch_size - n_copy_rows,
+                      "packing": "<s> task </s> back to back, the row cut at seq_len + 1",
+                      "order": "torch.Generator().manual_seed(seed + 1)"},
+            "held_out_copy": {
+                "prompts": f"first {COPY_EVAL_PASSAGE} tokens of every file's validation tail, "
+                           f"a blank line, their first {COPY_CUE} tokens ({len(prompts_c)} prompts)",
+                "metric": "greedy tokens equal to the passage's continuation at the same place / "
+                          "tokens generated (as many as the continuation)",
+                "copy_fraction": round(copy_fraction(shipped, prompts_c, expected_c), 4),
+                "copy_fraction_init": None if init is None else round(copy_fraction(init, prompts_c, expected_c), 4),
+            },
+            "init_val_loss": None if init is None else round(eval_loss(init, val_chunks, args.seq_len), 4),
+        }
+        if copy_record["init_val_loss"] is not None:
+            copy_record["init_val_perplexity"] = round(math.exp(copy_record["init_val_loss"]), 3)
+        print(f"held-out copy fraction: {copy_record['held_out_copy']['copy_fraction']:.3f} "
+              f"(the initial weights: {copy_record['held_out_copy']['copy_fraction_init']}); "
+              f"held-out loss of the initial weights {copy_record['init_val_loss']}", flush=True)
+
     wall = time.perf_counter() - t_start
     record = {
         "model": args.name,
@@ -434,7 +614,11 @@ def main(argv: list[str] | None = None) -> dict:
                     "(1 - distill_weight) x cross entropy + distill_weight x KL(teacher || model), per token",
             "val_fraction": args.val_fraction,
             "val_split": "last val_fraction of the tokens of every file",
-            "init": "ai_evolution.model.checkpoint.random_model(config, seed), N(0, 0.02)",
+            "init": "ai_evolution.model.checkpoint.random_model(config, seed), N(0, 0.02)" if init is None
+                    else "the weights of " + (str(args.init_from.relative_to(REPO))
+                                              if args.init_from.is_relative_to(REPO) else str(args.init_from)),
+            "copy_fraction_of_rows": args.copy_fraction,
+            "loss_weights": "1 on every token, 0 on the tokens a copy task replaced",
             "data_order": "window starts from torch.Generator().manual_seed(seed)",
         },
         "seed": args.seed,
@@ -468,6 +652,8 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "command": "python scripts/train_tiny_es.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
+    if copy_record is not None:
+        record["copy"] = copy_record
     if args.target is not None:
         prompts = held_out_prompts(val_chunks, ACCEPTANCE_PROMPT_TOKENS)
         record["acceptance_vs_target"] = measure_acceptance(shipped, args.target, prompts, tok.eos_token_id)
