@@ -87,7 +87,11 @@ COPY_DEFAULTS = dict(
 # Copy tasks: passage lengths drawn uniformly in this range (tokens), share of tokens replaced in
 # a "Corrige:" task, and the held-out copy measurement (the lab's "copia" workload: a passage,
 # a blank line and the passage's first COPY_CUE tokens; the model should write the rest).
+# A passage is stitched from pieces of COPY_PIECE tokens taken at random places of the training
+# split: locally it reads like the corpus, as a whole it is new, so the only way to predict its
+# repetition is to copy it from the context (a model that memorized the corpus cannot recall it).
 COPY_PASSAGE = (12, 64)
+COPY_PIECE = (1, 6)
 COPY_CORRUPT = 0.1
 COPY_EVAL_PASSAGE = 40
 COPY_CUE = 8
@@ -249,14 +253,20 @@ class CopyTasks:
         """Uniform integer in [lo, hi] from the tasks' own generator."""
         return int(torch.randint(lo, hi + 1, (1,), generator=self.gen))
 
-    def passage(self) -> list[int]:
-        """A training-split window of COPY_PASSAGE tokens with no document boundary inside."""
-        n = self._int(*COPY_PASSAGE)
+    def piece(self, n: int) -> list[int]:
+        """A training-split window of ``n`` tokens with no document boundary inside."""
         while True:
             start = self._int(0, len(self.ids) - n)
             window = self.ids[start:start + n]
             if not self.specials.intersection(window):
                 return window
+
+    def passage(self) -> list[int]:
+        """COPY_PASSAGE tokens stitched from pieces of COPY_PIECE tokens (see COPY_PIECE)."""
+        n, out = self._int(*COPY_PASSAGE), []
+        while len(out) < n:
+            out += self.piece(min(self._int(*COPY_PIECE), n - len(out)))
+        return out
 
     def task(self) -> tuple[list[int], list[int]]:
         """One task: (token ids, loss weights)."""
@@ -454,6 +464,7 @@ def main(argv: list[str] | None = None) -> dict:
         model.tie_weights()
     tasks = CopyTasks(tok, train_ids, args.seed) if args.copy_fraction > 0 else None
     n_copy_rows = round(args.batch_size * args.copy_fraction)
+    copy_eval = copy_prompts(val_chunks, tok.encode("\n\n", add_bos=False))
     dropout_hooks = add_residual_dropout(model, args.dropout)
     teacher = None
     if args.distill_from is not None:
@@ -510,8 +521,14 @@ def main(argv: list[str] | None = None) -> dict:
             history.append({"step": step + 1, "lr": lr, "train_batch_loss_ema": round(running, 4),
                             "train_probe_loss": round(probe, 4), "val_loss": round(val, 4),
                             "elapsed_s": round(elapsed, 1)})
+            copied = ""
+            if tasks is not None:
+                model.eval()
+                history[-1]["held_out_copy_fraction"] = round(copy_fraction(model, *copy_eval), 4)
+                model.train()
+                copied = f"  copy {history[-1]['held_out_copy_fraction']:.3f}"
             print(f"step {step + 1:5d}/{args.steps}  lr {lr:.2e}  train {running:.3f}  "
-                  f"train(probe) {probe:.3f}  val {val:.3f} (ppl {math.exp(val):.1f})  "
+                  f"train(probe) {probe:.3f}  val {val:.3f} (ppl {math.exp(val):.1f}){copied}  "
                   f"{elapsed:6.0f}s", flush=True)
     train_seconds = time.perf_counter() - t_train
 
@@ -545,7 +562,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     copy_record = None
     if tasks is not None:
-        prompts_c, expected_c = copy_prompts(val_chunks, tok.encode("\n\n", add_bos=False))
+        prompts_c, expected_c = copy_eval
         copy_record = {
             "tasks": {"kinds": {"copia": "<passage>\\n\\n<passage>",
                                 "repite": "Repite: <passage>\\n<passage>",
@@ -555,7 +572,9 @@ def main(argv: list[str] | None = None) -> dict:
                                         "«<first half of passage>»"},
                       "kind_choice": "uniform", "passage_tokens": list(COPY_PASSAGE),
                       "corrupted_share": COPY_CORRUPT,
-                      "source": "windows of the training split with no document boundary inside",
+                      "source": "pieces of the training split (lengths uniform in "
+                                f"{list(COPY_PIECE)} tokens, no document boundary inside) at random "
+                                "places, stitched: locally corpus text, as a whole new",
                       "rows_per_step": n_copy_rows, "plain_rows_per_step": args.batch_size - n_copy_rows,
                       "packing": "<s> task </s> back to back, the row cut at seq_len + 1",
                       "order": "torch.Generator().manual_seed(seed + 1)"},
