@@ -21,12 +21,15 @@ Steps:
 
 ``--copy`` starts from tiny-es's weights (``--init-from``, same tokenizer and architecture) and
 fine-tunes on a mix (``--copy-fraction`` of every batch's rows) of plain training windows and rows
-packed with copy tasks built from the *training* split only: a passage, a blank line and the same
-passage; "Repite: <passage>" and the passage; "Corrige: <passage with a few tokens replaced> ->"
-and the original (no loss on the replaced tokens); a passage, a question about how it begins and
-an answer that quotes its first half. It then measures, on the held-out split, how much of a
-paragraph the model reproduces when asked to repeat it (the copy fraction), for the new model and
-for the one it started from, and both models' held-out perplexity.
+packed with copy tasks built from the *training* split only. A passage is stitched from short
+pieces taken at random places (new as a whole, so recalling the memorized corpus cannot stand in
+for copying it); the tasks are: the passage, a blank line and the passage again (1 to 3 times);
+"Repite: <passage>" and the passage; "Corrige: <passage with a few tokens replaced> ->" and the
+original; the passage, a question about how it begins and an answer quoting its first half. No
+loss on the source passages (new text is noise), loss on everything that copies. It then measures,
+on the held-out split, how much of a paragraph the model reproduces when asked to repeat it (the
+copy fraction, also at every evaluation), for the new model and for the one it started from, and
+both models' held-out perplexity.
 
 Same seed + same corpus + same machine + same thread count -> the same weights, bit for bit.
 
@@ -93,6 +96,7 @@ COPY_DEFAULTS = dict(
 COPY_PASSAGE = (12, 64)
 COPY_PIECE = (1, 6)
 COPY_CORRUPT = 0.1
+COPY_REPEATS = 3  # a "copia" task repeats its passage 1 to COPY_REPEATS times
 COPY_EVAL_PASSAGE = 40
 COPY_CUE = 8
 ACCEPTANCE_KS = (1, 2, 4)
@@ -234,8 +238,9 @@ def lm_loss(model, ids: torch.Tensor, weight: torch.Tensor | None = None) -> tor
 class CopyTasks:
     """Seeded copy tasks from the training split (never the held-out text), packed into rows.
 
-    Every task is ``<s> source target </s>``; the loss weight is 0 on the tokens a "Corrige:"
-    source replaced (noise, not text to learn) and 1 everywhere else."""
+    Every task is ``<s> source target </s>``; the loss weight is 0 on the source passage (a new
+    stitching: nothing to learn there but noise) and 1 on the instructions and the target, the
+    tokens that teach copying."""
 
     KINDS = ("copia", "repite", "corrige", "cita")
 
@@ -273,21 +278,19 @@ class CopyTasks:
         p = self.passage()
         kind = self.KINDS[self._int(0, len(self.KINDS) - 1)]
         if kind == "copia":
-            parts = [(p, 1), (self.sep, 1), (p, 1)]
+            parts = [(p, 0)] + [(seg, 1) for _ in range(self._int(1, COPY_REPEATS)) for seg in (self.sep, p)]
         elif kind == "repite":
-            parts = [(self.repeat, 1), (p, 1), (self.nl, 1), (p, 1)]
+            parts = [(self.repeat, 1), (p, 0), (self.nl, 1), (p, 1)]
         elif kind == "corrige":
-            noisy, mask = list(p), [1] * len(p)
+            noisy = list(p)
             for _ in range(max(1, round(COPY_CORRUPT * len(p)))):
-                i = self._int(0, len(p) - 1)
-                noisy[i], mask[i] = self._int(3, self.tok.vocab_size - 1), 0
-            ids = [self.tok.bos_token_id] + self.fix + noisy + self.arrow + p + [self.tok.eos_token_id]
-            weight = [1] * (1 + len(self.fix)) + mask + [1] * (len(self.arrow) + len(p) + 1)
-            return ids, weight
+                noisy[self._int(0, len(p) - 1)] = self._int(3, self.tok.vocab_size - 1)
+            parts = [(self.fix, 1), (noisy, 0), (self.arrow, 1), (p, 1)]
         else:  # cita: the answer quotes the passage's first half
-            parts = [(p, 1), (self.question, 1), (p[:len(p) // 2], 1), (self.close, 1)]
+            parts = [(p, 0), (self.question, 1), (p[:len(p) // 2], 1), (self.close, 1)]
         ids = [self.tok.bos_token_id] + [t for seg, _ in parts for t in seg] + [self.tok.eos_token_id]
-        return ids, [1] * len(ids)
+        weight = [1] + [w for seg, w in parts for _ in seg] + [1]
+        return ids, weight
 
     def row(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Tasks packed back to back into one row of ``length`` tokens (the last one cut)."""
@@ -564,14 +567,16 @@ def main(argv: list[str] | None = None) -> dict:
     if tasks is not None:
         prompts_c, expected_c = copy_eval
         copy_record = {
-            "tasks": {"kinds": {"copia": "<passage>\\n\\n<passage>",
+            "tasks": {"kinds": {"copia": "<passage> then 1 to COPY_REPEATS times \\n\\n<passage>",
                                 "repite": "Repite: <passage>\\n<passage>",
                                 "corrige": "Corrige: <passage, COPY_CORRUPT of its tokens replaced "
-                                           "by random ids (loss weight 0)> -> <passage>",
+                                           "by random ids> -> <passage>",
                                 "cita": "<passage>\\nPregunta: ¿Cómo empieza el texto? Respuesta: "
                                         "«<first half of passage>»"},
                       "kind_choice": "uniform", "passage_tokens": list(COPY_PASSAGE),
-                      "corrupted_share": COPY_CORRUPT,
+                      "corrupted_share": COPY_CORRUPT, "copy_repeats": COPY_REPEATS,
+                      "loss_weights": "0 on every task's source passage (new text: noise), 1 on "
+                                      "instructions, separators, targets and </s>",
                       "source": "pieces of the training split (lengths uniform in "
                                 f"{list(COPY_PIECE)} tokens, no document boundary inside) at random "
                                 "places, stitched: locally corpus text, as a whole new",
@@ -637,7 +642,7 @@ def main(argv: list[str] | None = None) -> dict:
                     else "the weights of " + (str(args.init_from.relative_to(REPO))
                                               if args.init_from.is_relative_to(REPO) else str(args.init_from)),
             "copy_fraction_of_rows": args.copy_fraction,
-            "loss_weights": "1 on every token, 0 on the tokens a copy task replaced",
+            "loss_weights": "1 on every token of plain rows; copy rows: see copy.tasks.loss_weights",
             "data_order": "window starts from torch.Generator().manual_seed(seed)",
         },
         "seed": args.seed,
