@@ -1,0 +1,76 @@
+"""The copy tasks of ``scripts/train_tiny_es.py --copy``: seeded, built from the training split
+only, stitched from short pieces (no document boundary inside a piece), with no loss on the
+source passages and loss on the copies; the held-out copy prompts and their metric."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import train_tiny_es as train  # noqa: E402
+
+from ai_evolution.model.tokenizer import load_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def split():
+    tok = load_tokenizer("tiny-es")
+    docs, _ = train.read_corpus(train.DEFAULT_CORPUS)
+    train_ids, val = train.split_tokens(tok, docs, 0.05)
+    return tok, train_ids, val
+
+
+def test_tasks_are_seeded_and_weigh_only_what_copies(split):
+    tok, train_ids, _ = split
+    rows = [train.CopyTasks(tok, train_ids, seed=0).row(400) for _ in range(2)]
+    assert torch.equal(rows[0][0], rows[1][0]) and torch.equal(rows[0][1], rows[1][1])
+    other = train.CopyTasks(tok, train_ids, seed=1).row(400)[0]
+    assert not torch.equal(rows[0][0], other)
+    tasks = train.CopyTasks(tok, train_ids, seed=0)
+    seen = set()
+    for _ in range(40):
+        ids, weight = tasks.task()
+        assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id and len(ids) == len(weight)
+        assert set(weight) == {0, 1}
+        text = tok.decode(ids[1:-1])
+        kind = ("repite" if text.startswith("Repite: ") else "corrige" if text.startswith("Corrige: ")
+                else "cita" if "Pregunta: ¿Cómo empieza el texto?" in text else "copia")
+        seen.add(kind)
+        source = [t for t, w in zip(ids, weight) if w == 0]
+        copied = ids[len(ids) - 1 - len(source):-1]
+        if kind in ("copia", "repite"):
+            assert copied == source  # the last copy is the passage the loss never saw
+            assert train.COPY_PASSAGE[0] <= len(source) <= train.COPY_PASSAGE[1]
+        if kind == "cita":
+            half = source[:len(source) // 2]
+            assert ids[-1 - len(tok.encode("»", add_bos=False)) - len(half):-1 - len(tok.encode("»", add_bos=False))] == half
+    assert seen == set(train.CopyTasks.KINDS)
+
+
+def test_passages_come_from_the_training_split_in_pieces_without_boundaries(split):
+    tok, train_ids, _ = split
+    tasks = train.CopyTasks(tok, train_ids, seed=0)
+    text = train_ids.tolist()
+    specials = {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
+    for _ in range(20):
+        n = tasks._int(*train.COPY_PIECE)
+        piece = tasks.piece(n)
+        assert len(piece) == n and not specials.intersection(piece)
+        assert any(text[i:i + n] == piece for i in range(len(text) - n + 1))
+
+
+def test_held_out_copy_prompts_ask_for_the_rest_of_each_passage(split):
+    tok, _, val = split
+    sep = tok.encode("\n\n", add_bos=False)
+    prompts, expected = train.copy_prompts(val, sep)
+    assert len(prompts) == sum(len(v) >= train.COPY_EVAL_PASSAGE for v in val) > 0
+    for prompt, want, v in zip(prompts, expected, val):
+        passage = v[:train.COPY_EVAL_PASSAGE].tolist()
+        assert prompt == passage + sep + passage[:train.COPY_CUE]
+        assert want == passage[train.COPY_CUE:]
