@@ -85,7 +85,8 @@ DRAFT_DEFAULTS = dict(
 # --copy: tiny-es fine-tuned on plain windows and copy tasks (same tokenizer and architecture).
 COPY_DEFAULTS = dict(
     name="tiny-es-copy", out=DEFAULT_OUT.parent / "tiny-es-copy", tokenizer=DEFAULT_OUT / "tokenizer.json",
-    init_from=DEFAULT_OUT, copy_fraction=0.5, steps=600, lr=1e-3, warmup=30, eval_every=100,
+    init_from=DEFAULT_OUT, copy_fraction=0.5, induction_weight=1.0, steps=600, lr=1e-3, warmup=30,
+    eval_every=100,
 )
 # Copy tasks: passage lengths drawn uniformly in this range (tokens), share of tokens replaced in
 # a "Corrige:" task, and the held-out copy measurement (the lab's "copia" workload: a passage,
@@ -115,6 +116,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(the architecture flags are then ignored)")
     p.add_argument("--copy-fraction", type=float, default=0.0,
                    help="share of each batch's rows packed with copy tasks instead of plain windows")
+    p.add_argument("--induction-weight", type=float, default=0.0,
+                   help="with copy tasks: weight of the attention-supervision loss that teaches "
+                        "one head to look where a copy continues (0: none)")
+    p.add_argument("--induction-head", type=int, nargs=2, default=(2, 0), metavar=("LAYER", "HEAD"),
+                   help="the head that --induction-weight supervises")
     p.add_argument("--name", default="tiny-es", help="model name in config and training record")
     p.add_argument("--tokenizer", type=Path, default=None,
                    help="reuse this tokenizer.json instead of training one")
@@ -273,8 +279,10 @@ class CopyTasks:
             out += self.piece(min(self._int(*COPY_PIECE), n - len(out)))
         return out
 
-    def task(self) -> tuple[list[int], list[int]]:
-        """One task: (token ids, loss weights)."""
+    def task(self) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+        """One task: (token ids, loss weights, induction links). A link ``(query, key)`` says
+        that the token after ``query`` copies the token at ``key``, whose previous token is the
+        one at ``query``: where an induction head at ``query`` should look."""
         p = self.passage()
         kind = self.KINDS[self._int(0, len(self.KINDS) - 1)]
         if kind == "copia":
@@ -290,16 +298,78 @@ class CopyTasks:
             parts = [(p, 0), (self.question, 1), (p[:len(p) // 2], 1), (self.close, 1)]
         ids = [self.tok.bos_token_id] + [t for seg, _ in parts for t in seg] + [self.tok.eos_token_id]
         weight = [1] + [w for seg, w in parts for _ in seg] + [1]
-        return ids, weight
+        # the source passage starts after the parts before the first weight-0 part (the <s> too)
+        starts, at = [], 1
+        for seg, _ in parts:
+            starts.append(at)
+            at += len(seg)
+        src = starts[[w for _, w in parts].index(0)]
+        links = []
+        for (seg, w), start in zip(parts, starts):
+            if w and len(seg) > 1 and seg == p[:len(seg)] and start != src:
+                links += [(start + i - 1, src + i) for i in range(1, len(seg))]
+        # a "Corrige:" source differs from its copy where it was corrupted: no link there
+        links = [(q, k) for q, k in links if ids[q] == ids[k - 1] and ids[q + 1] == ids[k]]
+        return ids, weight, links
 
-    def row(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tasks packed back to back into one row of ``length`` tokens (the last one cut)."""
-        ids, weight = [], []
+    def row(self, length: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+        """Tasks packed back to back into one row of ``length`` tokens (the last one cut), with
+        the induction links that fall inside the row's first ``length - 1`` queries."""
+        ids, weight, links = [], [], []
         while len(ids) < length:
-            i, w = self.task()
+            i, w, lk = self.task()
+            links += [(q + len(ids), k + len(ids)) for q, k in lk]
             ids += i
             weight += w
-        return torch.tensor(ids[:length]), torch.tensor(weight[:length])
+        return (torch.tensor(ids[:length]), torch.tensor(weight[:length]),
+                [(q, k) for q, k in links if q < length - 1])
+
+
+class InductionProbe:
+    """Attention supervision for one head: while the model trains, the plain causal attention of
+    layer ``layer`` is computed explicitly and head ``head``'s probabilities are kept, so that
+    ``loss(ids, links)`` can be added to the language-model loss: at each query of a copy, the
+    mean -log probability of attending to the token the copy continues with, plus the cross
+    entropy of that token under the head's own output read through the final norm and the
+    unembedding (its direct contribution to the logits). It teaches the head to become an
+    induction head (Olsson et al., 2022) directly, where it looks and what it writes, instead
+    of waiting for the slow phase change in which such heads appear by themselves."""
+
+    def __init__(self, model, layer: int, head: int):
+        import ai_evolution.model.decoder as decoder
+        self.decoder, self.original = decoder, decoder.causal_attention
+        self.model, self.head, self.probs, self.out, self.active = model, head, None, None, False
+        attn = self.attn = model.model.layers[layer].self_attn
+        attn.register_forward_pre_hook(lambda m, a: setattr(self, "active", m.training))
+        attn.register_forward_hook(lambda m, a, o: setattr(self, "active", False))
+        decoder.causal_attention = self.attention
+
+    def attention(self, q, k, v):
+        if not self.active:
+            return self.original(q, k, v)
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        T = q.shape[2]
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
+        out = probs @ v
+        self.probs, self.out = probs[:, self.head], out[:, self.head]
+        return out
+
+    def loss(self, ids: torch.Tensor, links: list[list[tuple[int, int]]]) -> torch.Tensor | None:
+        rows = [(r, q, k) for r, lk in enumerate(links) for q, k in lk]
+        if not rows or self.probs is None:
+            return None
+        r, q, k = (torch.tensor(x) for x in zip(*rows))
+        look = -(self.probs[r, q, k] + 1e-6).log().mean()
+        d = self.out.shape[-1]
+        w_o = self.attn.o_proj.weight[:, self.head * d:(self.head + 1) * d]
+        logits = self.model.lm_head(self.model.model.norm(self.out[r, q] @ w_o.T))
+        return look + F.cross_entropy(logits, ids[r, q + 1])
+
+    def remove(self) -> None:
+        self.decoder.causal_attention = self.original
 
 
 def copy_prompts(val_chunks: list[torch.Tensor], separator: list[int]) -> tuple[list, list]:
@@ -467,6 +537,8 @@ def main(argv: list[str] | None = None) -> dict:
         model.tie_weights()
     tasks = CopyTasks(tok, train_ids, args.seed) if args.copy_fraction > 0 else None
     n_copy_rows = round(args.batch_size * args.copy_fraction)
+    induction = (InductionProbe(model, *args.induction_head)
+             if tasks is not None and args.induction_weight > 0 else None)
     copy_eval = copy_prompts(val_chunks, tok.encode("\n\n", add_bos=False))
     dropout_hooks = add_residual_dropout(model, args.dropout)
     teacher = None
@@ -502,15 +574,19 @@ def main(argv: list[str] | None = None) -> dict:
             group["lr"] = lr
         starts = torch.randint(0, max_start + 1, (args.batch_size,), generator=data_gen)
         batch = torch.stack([train_ids[s:s + args.seq_len + 1] for s in starts.tolist()])
-        weight = None
+        weight, links = None, [[] for _ in range(args.batch_size)]
         if tasks is not None and n_copy_rows:
             weight = torch.ones_like(batch)
             for r in range(args.batch_size - n_copy_rows, args.batch_size):
-                batch[r], weight[r] = tasks.row(args.seq_len + 1)
+                batch[r], weight[r], links[r] = tasks.row(args.seq_len + 1)
         if teacher is not None:
             loss = distill_loss(model, teacher, batch, args.distill_weight)
         else:
             loss = lm_loss(model, batch, weight)
+        if induction is not None:
+            aux = induction.loss(batch, links)
+            if aux is not None:
+                loss = loss + args.induction_weight * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -537,6 +613,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     for handle in dropout_hooks:
         handle.remove()
+    if induction is not None:
+        induction.remove()
     model.eval()
     final_train = eval_loss(model, [train_ids], args.seq_len)
     final_val = eval_loss(model, val_chunks, args.seq_len)
@@ -642,6 +720,11 @@ def main(argv: list[str] | None = None) -> dict:
                     else "the weights of " + (str(args.init_from.relative_to(REPO))
                                               if args.init_from.is_relative_to(REPO) else str(args.init_from)),
             "copy_fraction_of_rows": args.copy_fraction,
+            "induction_weight": args.induction_weight, "induction_head": list(args.induction_head),
+            "induction_loss": "at each query inside a copy: mean -log attention probability of the "
+                              "source token the copy continues with, plus the cross entropy of that "
+                              "token under the head's output through o_proj, the final norm and "
+                              "the unembedding (head induction_head)",
             "loss_weights": "1 on every token of plain rows; copy rows: see copy.tasks.loss_weights",
             "data_order": "window starts from torch.Generator().manual_seed(seed)",
         },

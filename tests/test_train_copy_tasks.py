@@ -30,12 +30,16 @@ def test_tasks_are_seeded_and_weigh_only_what_copies(split):
     tok, train_ids, _ = split
     rows = [train.CopyTasks(tok, train_ids, seed=0).row(400) for _ in range(2)]
     assert torch.equal(rows[0][0], rows[1][0]) and torch.equal(rows[0][1], rows[1][1])
+    assert rows[0][2] == rows[1][2] and rows[0][2]
+    ids = rows[0][0].tolist()
+    for q, k in rows[0][2]:  # an induction link: same previous token, the next token copied
+        assert q < 399 and k <= q and ids[q] == ids[k - 1] and ids[q + 1] == ids[k]
     other = train.CopyTasks(tok, train_ids, seed=1).row(400)[0]
     assert not torch.equal(rows[0][0], other)
     tasks = train.CopyTasks(tok, train_ids, seed=0)
     seen = set()
     for _ in range(40):
-        ids, weight = tasks.task()
+        ids, weight, links = tasks.task()
         assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id and len(ids) == len(weight)
         assert set(weight) == {0, 1}
         text = tok.decode(ids[1:-1])
@@ -46,6 +50,7 @@ def test_tasks_are_seeded_and_weigh_only_what_copies(split):
         copied = ids[len(ids) - 1 - len(source):-1]
         if kind in ("copia", "repite"):
             assert copied == source  # the last copy is the passage the loss never saw
+            assert len(links) >= len(source) - 1
             assert train.COPY_PASSAGE[0] <= len(source) <= train.COPY_PASSAGE[1]
         if kind == "cita":
             half = source[:len(source) // 2]
