@@ -79,3 +79,39 @@ def test_held_out_copy_prompts_ask_for_the_rest_of_each_passage(split):
         passage = v[:train.COPY_EVAL_PASSAGE].tolist()
         assert prompt == passage + sep + passage[:train.COPY_CUE]
         assert want == passage[train.COPY_CUE:]
+
+
+def test_the_induction_probe_keeps_the_forward_and_supervises_one_head():
+    from ai_evolution.model import ModelConfig
+    from ai_evolution.model.checkpoint import random_model
+
+    config = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                         intermediate_size=96, vocab_size=97, max_position_embeddings=64)
+    model = random_model(config, seed=0)
+    ids = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(0))
+    ids[1, 12:15] = ids[1, 4:7]  # a copy: query 12 should look at key 5, query 13 at key 6
+    with torch.no_grad():
+        plain = model(ids)
+    model.train()
+    probe = train.InductionProbe(model, 1, 2)
+    try:
+        logits = model(ids)
+        assert torch.allclose(logits, plain, atol=1e-5)  # the explicit attention is the same one
+        assert probe.probs.shape == (2, 20, 20)
+        assert torch.allclose(probe.probs.sum(-1), torch.ones(2, 20))
+        assert probe.probs.triu(1).abs().max() == 0  # causal
+        links = [[], [(12, 5), (13, 6)]]
+        loss = probe.loss(ids, links)
+        assert loss.isfinite() and loss > 0
+        loss.backward()
+        assert model.model.layers[1].self_attn.q_proj.weight.grad.abs().sum() > 0
+        assert probe.loss(ids, [[], []]) is None
+        model.eval()
+        with torch.no_grad():
+            probe.probs = None
+            model(ids)
+        assert probe.probs is None  # only training forwards are probed
+    finally:
+        probe.remove()
+    import ai_evolution.model.decoder as decoder
+    assert decoder.causal_attention is probe.original
