@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Train ``tiny-es``, the small Spanish model shipped with ai_evolution, from ``data/corpus/``,
-or (``--draft``) ``tiny-es-draft``, its smaller draft model for speculative decoding.
+or (``--draft``) ``tiny-es-draft``, its smaller draft model for speculative decoding, or
+(``--copy``) ``tiny-es-copy``, tiny-es fine-tuned to repeat its context (the target on which
+prompt-lookup speculation has something to look up).
 
 Steps:
   1. Read ``data/corpus/*.txt`` (sorted by name) and hash it.
@@ -17,17 +19,47 @@ Steps:
   6. With ``--target``: measure the greedy acceptance rate of the new model as a draft for the
      target on held-out prompts (the start of every third file's validation tail), per k.
 
+``--copy`` starts from tiny-es's weights (``--init-from``, same tokenizer and architecture) and
+fine-tunes on a mix (``--copy-fraction`` of every batch's rows) of plain training windows and rows
+packed with copy tasks built from the *training* split only. A passage is stitched from short
+pieces taken at random places (new as a whole, so recalling the memorized corpus cannot stand in
+for copying it); the tasks are: the passage, a blank line and the passage again (1 to 3 times);
+"Repite: <passage>" and the passage; "Corrige: <passage with a few tokens replaced> ->" and the
+original; the passage, a question about how it begins and an answer quoting its first half. No
+loss on the source passages (new text is noise), loss on everything that copies. It then measures,
+on the held-out split, how much of a paragraph the model reproduces when asked to repeat it (the
+copy fraction, also at every evaluation), for the new model and for the one it started from, and
+both models' held-out perplexity.
+
+``--copy`` is an experiment, not a shipped model. On the course's 2-core CPU (one thread, shared),
+no recipe tried taught tiny-es to copy within a ~10-minute budget (held-out copy fraction, the
+share of greedy tokens equal to the paragraph's continuation in their place over the 24 held-out
+paragraphs: 0.016 for tiny-es):
+  - plain training windows as passages, 600 steps: 0.022 (the model recalls memorized text
+    instead of copying it; held-out loss fell from 6.26 to 5.36 nats as the memorization faded);
+  - stitched passages, 200 steps: 0.029, 0.022; with no loss on the source passages and only
+    copy rows (lr 3e-3, 256-token rows), 200 steps: 0.018 to 0.026; with repeated copies, 300 of
+    1000 steps: 0.030, 0.023, 0.014; passages of uniform random tokens instead: 0.000 to 0.004
+    and a held-out perplexity in the thousands;
+  - attention supervision of head (2, 0) on top, 600 steps: 0.021 to 0.036 along the way, 0.027
+    at the end (the batch loss with the supervised term fell from 15 to 2.5 nats, so the
+    head learned where to look, but copying did not follow); with the head's direct logit contribution supervised too, 300 steps: 0.022, 0.030.
+Induction heads appear in a phase change after many more tokens than the ~0.6 M seen here; a GPU run with
+--steps in the thousands is the next thing to try.
+
 Same seed + same corpus + same machine + same thread count -> the same weights, bit for bit.
 
     python scripts/train_tiny_es.py                 # the shipped run
     python scripts/train_tiny_es.py --steps 40 --out /tmp/tiny-es-trial   # a quick trial
     python scripts/train_tiny_es.py --draft         # the shipped draft model (tiny-es-draft)
+    python scripts/train_tiny_es.py --copy          # the shipped copying model (tiny-es-copy)
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -36,6 +68,7 @@ import platform
 import random
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,6 +99,26 @@ DRAFT_DEFAULTS = dict(
     name="tiny-es-draft", out=DEFAULT_OUT.parent / "tiny-es-draft", tokenizer=DEFAULT_OUT / "tokenizer.json",
     target=DEFAULT_OUT, distill_from=DEFAULT_OUT, layers=2, hidden=128, heads=2, kv_heads=1, intermediate=352, steps=360, lr=3e-3,
 )
+# --copy: tiny-es fine-tuned on plain windows and copy tasks (same tokenizer and architecture).
+# Not a shipped model: on this CPU budget the recipe does not teach copying (see the docstring),
+# so it writes to the temporary folder unless --out says otherwise.
+COPY_DEFAULTS = dict(
+    name="tiny-es-copy", out=Path(tempfile.gettempdir()) / "tiny-es-copy", tokenizer=DEFAULT_OUT / "tokenizer.json",
+    init_from=DEFAULT_OUT, copy_fraction=0.5, induction_weight=1.0, steps=600, lr=1e-3, warmup=30,
+    eval_every=100,
+)
+# Copy tasks: passage lengths drawn uniformly in this range (tokens), share of tokens replaced in
+# a "Corrige:" task, and the held-out copy measurement (the lab's "copia" workload: a passage,
+# a blank line and the passage's first COPY_CUE tokens; the model should write the rest).
+# A passage is stitched from pieces of COPY_PIECE tokens taken at random places of the training
+# split: locally it reads like the corpus, as a whole it is new, so the only way to predict its
+# repetition is to copy it from the context (a model that memorized the corpus cannot recall it).
+COPY_PASSAGE = (12, 64)
+COPY_PIECE = (1, 6)
+COPY_CORRUPT = 0.1
+COPY_REPEATS = 3  # a "copia" task repeats its passage 1 to COPY_REPEATS times
+COPY_EVAL_PASSAGE = 40
+COPY_CUE = 8
 ACCEPTANCE_KS = (1, 2, 4)
 ACCEPTANCE_PROMPT_TOKENS = 16
 ACCEPTANCE_NEW_TOKENS = 48
@@ -75,6 +128,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--draft", action="store_true",
                    help=f"train the draft model instead: defaults become {DRAFT_DEFAULTS}")
+    p.add_argument("--copy", action="store_true",
+                   help=f"fine-tune the copying model instead: defaults become {COPY_DEFAULTS}")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="a trained model folder: start from its weights and architecture "
+                        "(the architecture flags are then ignored)")
+    p.add_argument("--copy-fraction", type=float, default=0.0,
+                   help="share of each batch's rows packed with copy tasks instead of plain windows")
+    p.add_argument("--induction-weight", type=float, default=0.0,
+                   help="with copy tasks: weight of the attention-supervision loss that teaches "
+                        "one head to look where a copy continues (0: none)")
+    p.add_argument("--induction-head", type=int, nargs=2, default=(2, 0), metavar=("LAYER", "HEAD"),
+                   help="the head that --induction-weight supervises")
     p.add_argument("--name", default="tiny-es", help="model name in config and training record")
     p.add_argument("--tokenizer", type=Path, default=None,
                    help="reuse this tokenizer.json instead of training one")
@@ -108,9 +173,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--intermediate", type=int, default=704)
     p.add_argument("--max-positions", type=int, default=512)
     p.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default="float16")
-    if p.parse_known_args(argv)[0].draft:
+    known = p.parse_known_args(argv)[0]
+    if known.draft and known.copy:
+        p.error("--draft and --copy are two different models: pick one")
+    if known.draft:
         p.set_defaults(**DRAFT_DEFAULTS)
-    return p.parse_args(argv)
+    if known.copy:
+        p.set_defaults(**COPY_DEFAULTS)
+    args = p.parse_args(argv)
+    if not 0.0 <= args.copy_fraction <= 1.0:
+        p.error(f"--copy-fraction must lie in [0, 1], got {args.copy_fraction}")
+    return args
 
 
 # --- corpus --------------------------------------------------------------------------------------
@@ -175,10 +248,164 @@ def lr_at(step: int, args: argparse.Namespace) -> float:
     return args.lr * (args.min_lr_ratio + (1.0 - args.min_lr_ratio) * cosine)
 
 
-def lm_loss(model, ids: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy (nats/token) of ``ids`` ``[B, T+1]``."""
+def lm_loss(model, ids: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean next-token cross entropy (nats/token) of ``ids`` ``[B, T+1]``; with ``weight``
+    ``[B, T+1]`` (0 or 1 per target token), the mean over the tokens of weight 1 only."""
     logits = model(ids[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    flat = logits.reshape(-1, logits.shape[-1])
+    if weight is None:
+        return F.cross_entropy(flat, ids[:, 1:].reshape(-1))
+    w = weight[:, 1:].reshape(-1).to(flat.dtype)
+    return (F.cross_entropy(flat, ids[:, 1:].reshape(-1), reduction="none") * w).sum() / w.sum()
+
+
+# --- copy tasks (--copy) -----------------------------------------------------------------------------
+class CopyTasks:
+    """Seeded copy tasks from the training split (never the held-out text), packed into rows.
+
+    Every task is ``<s> source target </s>``; the loss weight is 0 on the source passage (a new
+    stitching: nothing to learn there but noise) and 1 on the instructions and the target, the
+    tokens that teach copying."""
+
+    KINDS = ("copia", "repite", "corrige", "cita")
+
+    def __init__(self, tok: Tokenizer, train_ids: torch.Tensor, seed: int):
+        self.tok, self.ids = tok, train_ids.tolist()
+        self.specials = {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
+        self.gen = torch.Generator().manual_seed(seed + 1)
+        enc = lambda s: tok.encode(s, add_bos=False)  # noqa: E731
+        self.sep, self.repeat, self.fix = enc("\n\n"), enc("Repite: "), enc("Corrige: ")
+        self.nl, self.arrow = enc("\n"), enc(" -> ")
+        self.question = enc("\nPregunta: ¿Cómo empieza el texto? Respuesta: «")
+        self.close = enc("»")
+
+    def _int(self, lo: int, hi: int) -> int:
+        """Uniform integer in [lo, hi] from the tasks' own generator."""
+        return int(torch.randint(lo, hi + 1, (1,), generator=self.gen))
+
+    def piece(self, n: int) -> list[int]:
+        """A training-split window of ``n`` tokens with no document boundary inside."""
+        while True:
+            start = self._int(0, len(self.ids) - n)
+            window = self.ids[start:start + n]
+            if not self.specials.intersection(window):
+                return window
+
+    def passage(self) -> list[int]:
+        """COPY_PASSAGE tokens stitched from pieces of COPY_PIECE tokens (see COPY_PIECE)."""
+        n, out = self._int(*COPY_PASSAGE), []
+        while len(out) < n:
+            out += self.piece(min(self._int(*COPY_PIECE), n - len(out)))
+        return out
+
+    def task(self) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+        """One task: (token ids, loss weights, induction links). A link ``(query, key)`` says
+        that the token after ``query`` copies the token at ``key``, whose previous token is the
+        one at ``query``: where an induction head at ``query`` should look."""
+        p = self.passage()
+        kind = self.KINDS[self._int(0, len(self.KINDS) - 1)]
+        if kind == "copia":
+            parts = [(p, 0)] + [(seg, 1) for _ in range(self._int(1, COPY_REPEATS)) for seg in (self.sep, p)]
+        elif kind == "repite":
+            parts = [(self.repeat, 1), (p, 0), (self.nl, 1), (p, 1)]
+        elif kind == "corrige":
+            noisy = list(p)
+            for _ in range(max(1, round(COPY_CORRUPT * len(p)))):
+                noisy[self._int(0, len(p) - 1)] = self._int(3, self.tok.vocab_size - 1)
+            parts = [(self.fix, 1), (noisy, 0), (self.arrow, 1), (p, 1)]
+        else:  # cita: the answer quotes the passage's first half
+            parts = [(p, 0), (self.question, 1), (p[:len(p) // 2], 1), (self.close, 1)]
+        ids = [self.tok.bos_token_id] + [t for seg, _ in parts for t in seg] + [self.tok.eos_token_id]
+        weight = [1] + [w for seg, w in parts for _ in seg] + [1]
+        # the source passage starts after the parts before the first weight-0 part (the <s> too)
+        starts, at = [], 1
+        for seg, _ in parts:
+            starts.append(at)
+            at += len(seg)
+        src = starts[[w for _, w in parts].index(0)]
+        links = []
+        for (seg, w), start in zip(parts, starts):
+            if w and len(seg) > 1 and seg == p[:len(seg)] and start != src:
+                links += [(start + i - 1, src + i) for i in range(1, len(seg))]
+        # a "Corrige:" source differs from its copy where it was corrupted: no link there
+        links = [(q, k) for q, k in links if ids[q] == ids[k - 1] and ids[q + 1] == ids[k]]
+        return ids, weight, links
+
+    def row(self, length: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+        """Tasks packed back to back into one row of ``length`` tokens (the last one cut), with
+        the induction links that fall inside the row's first ``length - 1`` queries."""
+        ids, weight, links = [], [], []
+        while len(ids) < length:
+            i, w, lk = self.task()
+            links += [(q + len(ids), k + len(ids)) for q, k in lk]
+            ids += i
+            weight += w
+        return (torch.tensor(ids[:length]), torch.tensor(weight[:length]),
+                [(q, k) for q, k in links if q < length - 1])
+
+
+class InductionProbe:
+    """Attention supervision for one head: while the model trains, the plain causal attention of
+    layer ``layer`` is computed explicitly and head ``head``'s probabilities are kept, so that
+    ``loss(ids, links)`` can be added to the language-model loss: at each query of a copy, the
+    mean -log probability of attending to the token the copy continues with, plus the cross
+    entropy of that token under the head's own output read through the final norm and the
+    unembedding (its direct contribution to the logits). It teaches the head to become an
+    induction head (Olsson et al., 2022) directly, where it looks and what it writes, instead
+    of waiting for the slow phase change in which such heads appear by themselves."""
+
+    def __init__(self, model, layer: int, head: int):
+        import ai_evolution.model.decoder as decoder
+        self.decoder, self.original = decoder, decoder.causal_attention
+        self.model, self.head, self.probs, self.out, self.active = model, head, None, None, False
+        attn = self.attn = model.model.layers[layer].self_attn
+        attn.register_forward_pre_hook(lambda m, a: setattr(self, "active", m.training))
+        attn.register_forward_hook(lambda m, a, o: setattr(self, "active", False))
+        decoder.causal_attention = self.attention
+
+    def attention(self, q, k, v):
+        if not self.active:
+            return self.original(q, k, v)
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        T = q.shape[2]
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
+        out = probs @ v
+        self.probs, self.out = probs[:, self.head], out[:, self.head]
+        return out
+
+    def loss(self, ids: torch.Tensor, links: list[list[tuple[int, int]]]) -> torch.Tensor | None:
+        rows = [(r, q, k) for r, lk in enumerate(links) for q, k in lk]
+        if not rows or self.probs is None:
+            return None
+        r, q, k = (torch.tensor(x) for x in zip(*rows))
+        look = -(self.probs[r, q, k] + 1e-6).log().mean()
+        d = self.out.shape[-1]
+        w_o = self.attn.o_proj.weight[:, self.head * d:(self.head + 1) * d]
+        logits = self.model.lm_head(self.model.model.norm(self.out[r, q] @ w_o.T))
+        return look + F.cross_entropy(logits, ids[r, q + 1])
+
+    def remove(self) -> None:
+        self.decoder.causal_attention = self.original
+
+
+def copy_prompts(val_chunks: list[torch.Tensor], separator: list[int]) -> tuple[list, list]:
+    """The held-out copy prompts: the first COPY_EVAL_PASSAGE tokens of every file's validation
+    tail, a blank line and their first COPY_CUE tokens; the expected continuation is the rest."""
+    passages = [v[:COPY_EVAL_PASSAGE].tolist() for v in val_chunks if len(v) >= COPY_EVAL_PASSAGE]
+    return [p + separator + p[:COPY_CUE] for p in passages], [p[COPY_CUE:] for p in passages]
+
+
+def copy_fraction(model, prompts: list[list[int]], expected: list[list[int]]) -> float:
+    """Fraction of greedy tokens equal to the expected continuation at the same place."""
+    same = total = 0
+    for prompt, want in zip(prompts, expected):
+        got = generate(model, prompt, len(want))[0]
+        same += sum(a == b for a, b in zip(got, want))
+        total += len(want)
+    return same / total
 
 
 def distill_loss(model, teacher, ids: torch.Tensor, weight: float) -> torch.Tensor:
@@ -303,6 +530,14 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"tokenizer: vocab {tok.vocab_size}; tokens: {len(train_ids):,} train, {n_val:,} validation "
           f"({corpus_info['bytes'] / (len(train_ids) + n_val):.2f} bytes/token)", flush=True)
 
+    init = None
+    if args.init_from is not None:
+        init = load_pretrained(args.init_from)
+        if init.config.vocab_size != tok.vocab_size:
+            raise ValueError(f"--init-from has {init.config.vocab_size} tokens, the tokenizer {tok.vocab_size}")
+        args.layers, args.hidden = init.config.num_layers, init.config.hidden_size
+        args.heads, args.kv_heads = init.config.num_heads, init.config.num_kv_heads
+        args.intermediate, args.max_positions = init.config.intermediate_size, init.config.max_position_embeddings
     config = ModelConfig(
         name=args.name, model_type="llama",
         num_layers=args.layers, hidden_size=args.hidden, num_heads=args.heads,
@@ -314,6 +549,16 @@ def main(argv: list[str] | None = None) -> dict:
     if args.seq_len > config.max_position_embeddings:
         raise ValueError("--seq-len must not exceed --max-positions")
     model = random_model(config, seed=args.seed).train()
+    if init is not None:
+        if dataclasses.replace(init.config, name=config.name, source=config.source) != config:
+            raise ValueError(f"--init-from's architecture {init.config} differs from {config}")
+        model.load_state_dict(init.state_dict())
+        model.tie_weights()
+    tasks = CopyTasks(tok, train_ids, args.seed) if args.copy_fraction > 0 else None
+    n_copy_rows = round(args.batch_size * args.copy_fraction)
+    induction = (InductionProbe(model, *args.induction_head)
+             if tasks is not None and args.induction_weight > 0 else None)
+    copy_eval = copy_prompts(val_chunks, tok.encode("\n\n", add_bos=False))
     dropout_hooks = add_residual_dropout(model, args.dropout)
     teacher = None
     if args.distill_from is not None:
@@ -348,7 +593,19 @@ def main(argv: list[str] | None = None) -> dict:
             group["lr"] = lr
         starts = torch.randint(0, max_start + 1, (args.batch_size,), generator=data_gen)
         batch = torch.stack([train_ids[s:s + args.seq_len + 1] for s in starts.tolist()])
-        loss = lm_loss(model, batch) if teacher is None else distill_loss(model, teacher, batch, args.distill_weight)
+        weight, links = None, [[] for _ in range(args.batch_size)]
+        if tasks is not None and n_copy_rows:
+            weight = torch.ones_like(batch)
+            for r in range(args.batch_size - n_copy_rows, args.batch_size):
+                batch[r], weight[r], links[r] = tasks.row(args.seq_len + 1)
+        if teacher is not None:
+            loss = distill_loss(model, teacher, batch, args.distill_weight)
+        else:
+            loss = lm_loss(model, batch, weight)
+        if induction is not None:
+            aux = induction.loss(batch, links)
+            if aux is not None:
+                loss = loss + args.induction_weight * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -362,13 +619,21 @@ def main(argv: list[str] | None = None) -> dict:
             history.append({"step": step + 1, "lr": lr, "train_batch_loss_ema": round(running, 4),
                             "train_probe_loss": round(probe, 4), "val_loss": round(val, 4),
                             "elapsed_s": round(elapsed, 1)})
+            copied = ""
+            if tasks is not None:
+                model.eval()
+                history[-1]["held_out_copy_fraction"] = round(copy_fraction(model, *copy_eval), 4)
+                model.train()
+                copied = f"  copy {history[-1]['held_out_copy_fraction']:.3f}"
             print(f"step {step + 1:5d}/{args.steps}  lr {lr:.2e}  train {running:.3f}  "
-                  f"train(probe) {probe:.3f}  val {val:.3f} (ppl {math.exp(val):.1f})  "
+                  f"train(probe) {probe:.3f}  val {val:.3f} (ppl {math.exp(val):.1f}){copied}  "
                   f"{elapsed:6.0f}s", flush=True)
     train_seconds = time.perf_counter() - t_train
 
     for handle in dropout_hooks:
         handle.remove()
+    if induction is not None:
+        induction.remove()
     model.eval()
     final_train = eval_loss(model, [train_ids], args.seq_len)
     final_val = eval_loss(model, val_chunks, args.seq_len)
@@ -394,6 +659,42 @@ def main(argv: list[str] | None = None) -> dict:
         ids = ids[:-1] if ids and ids[-1] == tok.eos_token_id else ids
         samples[prompt] = prompt + tok.decode(ids)
         print(f"sample: {samples[prompt]!r}", flush=True)
+
+    copy_record = None
+    if tasks is not None:
+        prompts_c, expected_c = copy_eval
+        copy_record = {
+            "tasks": {"kinds": {"copia": "<passage> then 1 to COPY_REPEATS times \\n\\n<passage>",
+                                "repite": "Repite: <passage>\\n<passage>",
+                                "corrige": "Corrige: <passage, COPY_CORRUPT of its tokens replaced "
+                                           "by random ids> -> <passage>",
+                                "cita": "<passage>\\nPregunta: ¿Cómo empieza el texto? Respuesta: "
+                                        "«<first half of passage>»"},
+                      "kind_choice": "uniform", "passage_tokens": list(COPY_PASSAGE),
+                      "corrupted_share": COPY_CORRUPT, "copy_repeats": COPY_REPEATS,
+                      "loss_weights": "0 on every task's source passage (new text: noise), 1 on "
+                                      "instructions, separators, targets and </s>",
+                      "source": "pieces of the training split (lengths uniform in "
+                                f"{list(COPY_PIECE)} tokens, no document boundary inside) at random "
+                                "places, stitched: locally corpus text, as a whole new",
+                      "rows_per_step": n_copy_rows, "plain_rows_per_step": args.batch_size - n_copy_rows,
+                      "packing": "<s> task </s> back to back, the row cut at seq_len + 1",
+                      "order": "torch.Generator().manual_seed(seed + 1)"},
+            "held_out_copy": {
+                "prompts": f"first {COPY_EVAL_PASSAGE} tokens of every file's validation tail, "
+                           f"a blank line, their first {COPY_CUE} tokens ({len(prompts_c)} prompts)",
+                "metric": "greedy tokens equal to the passage's continuation at the same place / "
+                          "tokens generated (as many as the continuation)",
+                "copy_fraction": round(copy_fraction(shipped, prompts_c, expected_c), 4),
+                "copy_fraction_init": None if init is None else round(copy_fraction(init, prompts_c, expected_c), 4),
+            },
+            "init_val_loss": None if init is None else round(eval_loss(init, val_chunks, args.seq_len), 4),
+        }
+        if copy_record["init_val_loss"] is not None:
+            copy_record["init_val_perplexity"] = round(math.exp(copy_record["init_val_loss"]), 3)
+        print(f"held-out copy fraction: {copy_record['held_out_copy']['copy_fraction']:.3f} "
+              f"(the initial weights: {copy_record['held_out_copy']['copy_fraction_init']}); "
+              f"held-out loss of the initial weights {copy_record['init_val_loss']}", flush=True)
 
     wall = time.perf_counter() - t_start
     record = {
@@ -434,7 +735,9 @@ def main(argv: list[str] | None = None) -> dict:
                     "(1 - distill_weight) x cross entropy + distill_weight x KL(teacher || model), per token",
             "val_fraction": args.val_fraction,
             "val_split": "last val_fraction of the tokens of every file",
-            "init": "ai_evolution.model.checkpoint.random_model(config, seed), N(0, 0.02)",
+            "init": "ai_evolution.model.checkpoint.random_model(config, seed), N(0, 0.02)" if init is None
+                    else "the weights of " + (str(args.init_from.relative_to(REPO))
+                                              if args.init_from.is_relative_to(REPO) else str(args.init_from)),
             "data_order": "window starts from torch.Generator().manual_seed(seed)",
         },
         "seed": args.seed,
@@ -468,6 +771,18 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "command": "python scripts/train_tiny_es.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
+    if copy_record is not None:
+        record["hyperparameters"] |= {
+            "copy_fraction_of_rows": args.copy_fraction,
+            "induction_weight": args.induction_weight, "induction_head": list(args.induction_head),
+            "induction_loss": "at each query inside a copy: mean -log attention probability of the "
+                              "source token the copy continues with, plus the cross entropy of that "
+                              "token under the head's output through o_proj, the final norm and "
+                              "the unembedding (head induction_head)",
+            "loss_weights": "1 on every token of plain rows; copy rows: see copy.tasks.loss_weights",
+            "train_batch_loss_ema": "includes induction_weight x the induction loss",
+        }
+        record["copy"] = copy_record
     if args.target is not None:
         prompts = held_out_prompts(val_chunks, ACCEPTANCE_PROMPT_TOKENS)
         record["acceptance_vs_target"] = measure_acceptance(shipped, args.target, prompts, tok.eos_token_id)
