@@ -36,9 +36,12 @@ def test_contract_claims_are_what_their_numbers_give(contract):
     assert claims.recheck_contract(contract) == []
     assert len(claims.claims_of(contract)) == 2 + 2 + 1 + 1 + 3 + 2 + 2  # split, exact, ratio,
     #                                                  h100 fit, TP speedups + PCIe, routes, rr
-    for item in contract["evidence"]:  # only the timings of this machine are volatile
-        timed = "TP=2 / con TP=1" in item["statement"] or "gloo" in item["statement"]
-        assert item.get("volatile", False) == timed, item["statement"]
+    for item in contract["evidence"]:  # what ran on this machine is volatile, the rest is not
+        ran_here = item["source"] == "measured"
+        assert item.get("volatile", False) == ran_here, item["statement"]
+        if "TP=2 / con TP=1" in item["statement"] or "gloo" in item["statement"]:
+            assert ran_here, item["statement"]  # timings are measured here
+    assert {i["source"] for i in contract["evidence"]} == {"measured", "computed"}
 
 
 def test_exact_facts_hold_on_this_machine(contract):

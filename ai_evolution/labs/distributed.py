@@ -226,8 +226,9 @@ class Findings:
 
 def verdicts(f: Findings) -> dict:
     p, out = f.params, {}
-    for mode, label in (("column", "por columnas (q_proj, salidas concatenadas)"),
-                        ("row", "por filas (down_proj, sumas parciales sumadas)")):
+    for mode, label in (
+            ("column", "por columnas (la proyección de consultas, salidas concatenadas)"),
+            ("row", "por filas (la proyección de bajada del MLP, sumas parciales sumadas)")):
         s = f.split[mode]
         out[f"split_{mode}"] = claims.threshold(
             s["rel_error"], SPLIT_TOLERANCE, scale=1e6, unit="ppm", decimals=2,
@@ -326,8 +327,8 @@ def _evidence(f: Findings) -> list[dict]:
     fd = f.found
     items = [fd["split_column"].evidence("ppm", source="computed", volatile=False),
              fd["split_row"].evidence("ppm", source="computed", volatile=False),
-             fd["bytes"].evidence("bytes", source="measured", volatile=False),
-             fd["tokens"].evidence("peticiones", source="measured", volatile=False),
+             fd["bytes"].evidence("bytes", source="measured", volatile=True),
+             fd["tokens"].evidence("peticiones", source="measured", volatile=True),
              fd["tp_ratio"].evidence("veces"),
              _ev(fit_sentence(f), f.allreduce["latency_s"], "s", source="measured", volatile=True),
              fd["h100_fit"].evidence("%", source="computed", volatile=False)]
