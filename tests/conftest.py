@@ -166,9 +166,11 @@ def graded_kv_cache(tmp_path_factory, worker_id):
 
 
 # `make check` (the everyday tier) runs `-m "not slow"`: no notebook execution, no book build, no
-# real grading kernels. `make test` runs everything.
+# real grading kernels, no process groups (tensor-parallel ranks, replicas behind the router).
+# `make test` runs everything.
 SLOW_MODULES = {"test_book.py", "test_grading.py", "test_grading_adversarial.py",
-                "test_install.py", "test_book_editions.py"}
+                "test_install.py", "test_book_editions.py", "test_tensor_parallel.py",
+                "test_router.py", "test_lab_distributed.py"}
 
 # `make test` runs on two workers (pytest-xdist, `--dist loadscope --no-loadscope-reorder`): a
 # module's tests go to one worker (its module fixtures are built once), in the order below.
@@ -221,8 +223,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: executes notebooks, builds the book or grades real "
-                                       "kernels (left out of `make check`)")
+    config.addinivalue_line("markers", "slow: executes notebooks, builds the book, grades real "
+                                       "kernels or starts process groups (left out of `make check`)")
 
 
 def pytest_collection_modifyitems(config, items):
