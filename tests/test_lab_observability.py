@@ -21,6 +21,7 @@ from ai_evolution.labs import (LabParamError, assemble_contract, get_spec, run_l
                                validate_contract, without_volatile)
 from ai_evolution import claims  # noqa: E402
 from ai_evolution.labs.observability import (Run, coordinated_omission, tpot_shift,  # noqa: E402
+                                             capacity_agreement, saturated_throughput,
                                              datacenter_target, find_knee, poisson_run, settle,
                                              spread, spread_claim)
 from ai_evolution.loadgen import open_loop_workload, poisson_arrivals  # noqa: E402
@@ -35,7 +36,7 @@ from engine_helpers import COST  # noqa: E402
 
 FAST = dict(prompt_len=8, output_len=4, closed_loop_requests=16, requests_per_rate=12,
             load_fractions=[0.5, 1.0, 2.0], repeats=2, n_boot=200, dc_requests=20, dc_repeats=3,
-            dc_output_len=16, dc_settle_requests=240, settle_fractions=[0.9])
+            dc_output_len=16, dc_settle_requests=240, settle_fractions=[0.9], capacity_pairs=2)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,8 @@ def test_assemble_contract_checks_params_like_run_lab(contract):
     ({"load_fractions": "0.5,-1"}, "valores aceptados"),
     ({"model": "gpt-5"}, "tiny-es"),
     ({"repeats": 1}, ">= 2"),
+    ({"overload_fraction": 1.0}, "overload_fraction"),
+    ({"capacity_tolerance": 0}, "capacity_tolerance"),
 ])
 def test_bad_parameters_are_rejected_in_spanish(params, match):
     with pytest.raises(LabParamError, match=match):
@@ -105,7 +108,12 @@ def test_bad_parameters_are_rejected_in_spanish(params, match):
 def test_every_claim_in_the_contract_is_what_its_own_numbers_give(contract):
     assert claims.recheck_contract(contract) == []
     kinds = [item["claim"]["kind"] for item in claims.claims_of(contract)]
-    assert kinds.count("compare") == 2 and kinds.count("threshold") == 1
+    assert kinds.count("compare") == 2 and kinds.count("threshold") == 2
+    loops = next(i for i in claims.claims_of(contract) if "|abierto / cerrado − 1|" in i["statement"])
+    pairs = contract["results"]["measured"]["capacity_pairs"]
+    assert len(pairs["closed_req_s"]) == len(pairs["open_req_s"]) == 2 and pairs["fraction"] == 2.0
+    # two pairs give a range, never a verdict
+    assert loops["claim"]["outcome"] == claims.INCONCLUSIVE and "solo hay un rango" in loops["statement"]
     omission = next(i for i in claims.claims_of(contract) if "TTFT p99" in i["statement"])
     tpot = next(i for i in claims.claims_of(contract) if "TPOT mediano" in i["statement"])
     assert "a 1,00 veces la capacidad" in tpot["statement"]
@@ -154,6 +162,38 @@ def test_coordinated_omission_verdict_follows_the_numbers(scale, outcome, says, 
     assert "parecida" in coordinated_omission(_omission_study(open_, closed, 0.9)).text
     few = coordinated_omission(_omission_study(open_[:30], closed[:40]))
     assert few.outcome == claims.INCONCLUSIVE and "solo hay un rango" in few.text
+
+
+@pytest.mark.parametrize("ratios,outcome,says", [
+    ([1.01, 0.98, 1.03, 0.99, 1.02], claims.PASSED, "coinciden dentro del 10"),
+    ([1.3, 1.25, 1.4, 1.35, 1.28], claims.FAILED, "se separan más de un 10"),
+    ([0.8, 0.95, 1.0, 1.05, 1.2], claims.INCONCLUSIVE, "ni que se separen"),
+    ([1.0, 1.01, 0.99], claims.INCONCLUSIVE, "solo hay un rango"),
+])
+def test_closed_and_open_loop_capacity_verdict_follows_the_pairs(ratios, outcome, says):
+    closed = [20.0 + k for k in range(len(ratios))]
+    pairs = {"fraction": 2.0, "closed_req_s": closed,
+             "open_req_s": [r * c for r, c in zip(ratios, closed)]}
+    c = capacity_agreement(pairs, 0.1)
+    assert c.outcome == outcome and says in c.text, c.text
+    # the point is the ratio of the medians (what the contract's ratios are everywhere)
+    assert c.value == pytest.approx(abs(float(np.median(pairs["open_req_s"]) / np.median(closed)) - 1))
+    assert claims.recheck(c.evidence("fracción")) == []
+
+
+def _timed(arrival, scheduled, finish):
+    return type("R", (), {"arrival_time": arrival, "first_scheduled_time": scheduled,
+                          "finish_time": finish, "first_token_time": scheduled,
+                          "token_times": [finish], "num_output_tokens": 1})()
+
+
+def test_saturated_throughput_counts_completions_while_no_row_is_free():
+    # first completion at 1 s, last admission at 3 s: the completions at 2 and 3 s count
+    reqs = [_timed(0, 0, 1), _timed(0, 0.5, 2), _timed(0, 1, 3), _timed(0, 3, 5)]
+    assert saturated_throughput(reqs) == pytest.approx(2 / 2)
+    # the admission is what counts, not the arrival (an open loop's queue waits)
+    assert saturated_throughput([_timed(0, 0, 1), _timed(0.1, 2, 2.5), _timed(0.2, 4, 6)]) == \
+        pytest.approx(1 / 3)
 
 
 @pytest.mark.parametrize("ratio,outcome", [(15.1, claims.PASSED), (1.2, claims.FAILED)])

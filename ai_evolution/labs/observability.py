@@ -10,13 +10,18 @@ with ``max_num_seqs`` KV rows):
    TTFT p50/p99 against the *realized* rate (the hockey stick), the knee, goodput under an SLO.
 3. **Repeated runs** at one rate near capacity: how far the p99 of a short run moves from run to
    run, against the bootstrap interval each run reports about itself.
-4. **The simulator at H100 scale** (datasheet roofline, an 8B model, the same scheduler): the same
+4. **Closed against open loop at overload**, in interleaved pairs: does the closed loop measure
+   the capacity a saturated open loop delivers (the seed found them within 2 %)?
+5. **The simulator at H100 scale** (datasheet roofline, an 8B model, the same scheduler): the same
    curves, more repetitions, and long runs cut into blocks to count the requests a p99 needs.
 
 Definitions used throughout (and by the contract):
 
 - *capacity*: completions per second between the first completion and the last request sent in
   the closed loop (all clients in flight); tokens/s = that times ``output_len``;
+- *saturated throughput* (either loop): completions per second between the first completion and
+  the last admission, while every row is busy (the closed loop's capacity, measured the same way
+  on an open loop whose queue never empties);
 - *knee*: the lowest realized rate of the sweep whose TTFT p99 exceeds ``knee_factor`` times
   the TTFT p99 of the run with the lowest realized rate (runs ordered by what they offered, not
   by what they were configured to offer);
@@ -54,7 +59,7 @@ from .registry import LabParamError, LabSpec, Param
 
 # Streams of seeds: the closed loop, the sweep, the repeats and the long runs draw independent
 # arrivals and prompts from one lab seed.
-_CLOSED, _SWEEP, _REPEAT, _SETTLE = range(4)
+_CLOSED, _SWEEP, _REPEAT, _SETTLE, _PAIRS = range(5)
 
 
 def run_seed(seed: int, stream: int, k: int = 0) -> int:
@@ -137,6 +142,38 @@ def poisson_run(make_engine: Callable, n: int, rate: float, prompt_len: int, out
                                arrivals_fn=arrivals_fn)
     reqs = run_open_loop(make_engine(), items, progress=progress, desc=desc or f"{es(rate, 1)} pet/s")
     return Run(fraction, rate, seed, [i.arrival_time for i in items], reqs)
+
+
+def saturated_throughput(reqs: list) -> float:
+    """Completions per second between the first completion and the last admission (the last
+    request to be scheduled), while the server had no free row; the whole run's completions per
+    second when that window holds no completion (a run that never filled the server)."""
+    finishes = sorted(r.finish_time for r in reqs)
+    admitted = max(r.arrival_time if r.first_scheduled_time is None else r.first_scheduled_time
+                   for r in reqs)
+    in_window = sum(1 for f in finishes if finishes[0] < f <= admitted)
+    if admitted > finishes[0] and in_window:
+        return in_window / (admitted - finishes[0])
+    return float(summarize(reqs)["throughput_req_s"])
+
+
+def capacity_pairs(make_engine: Callable, capacity_req_s: float, fraction: float, pairs: int,
+                   clients: int, closed_requests: int, n: int, prompt_len: int, output_len: int,
+                   vocab_size: int, seed: int, arrivals_fn: Callable = poisson_arrivals,
+                   progress: bool = False) -> dict:
+    """``pairs`` interleaved pairs of a closed loop of ``clients`` and an open-loop run of ``n``
+    requests at ``fraction`` (> 1) times the capacity, each with its own seed: the saturated
+    throughput of each (completions/s), side by side."""
+    closed, opened = [], []
+    for k in range(pairs):
+        _, reqs = measure_capacity(make_engine, clients, closed_requests, prompt_len, output_len,
+                                   vocab_size, run_seed(seed, _PAIRS, k), progress)
+        closed.append(saturated_throughput(reqs))
+        run = poisson_run(make_engine, n, fraction * capacity_req_s, prompt_len, output_len,
+                          vocab_size, run_seed(seed, _PAIRS, 500 + k), arrivals_fn, fraction,
+                          progress, f"par {k + 1}/{pairs}: {es(fraction, 2)} × capacidad")
+        opened.append(saturated_throughput(run.requests))
+    return {"fraction": fraction, "closed_req_s": closed, "open_req_s": opened}
 
 
 def rate_sweep(make_engine: Callable, capacity_req_s: float, fractions: list[float], n: int,
@@ -417,6 +454,30 @@ def tpot_shift(measured: dict) -> claims.Claim | None:
                       "tiempo por token de los dos bucles"))
 
 
+def capacity_agreement(pairs: dict, tolerance: float) -> claims.Claim:
+    """Does the closed loop measure the capacity that a saturated open loop delivers? The paired
+    ratio open / closed (median of the pairs, exact order-statistic interval) and its distance
+    from 1, against ``tolerance``: within it over the whole interval, they agree; beyond it over
+    the whole interval, they differ; otherwise (or with too few pairs) no verdict."""
+    est = claims.ratio_estimate(pairs["open_req_s"], pairs["closed_req_s"], paired=True)
+    far = max(abs(est.low - 1), abs(est.high - 1))
+    near = 0.0 if est.low <= 1 <= est.high else min(abs(est.low - 1), abs(est.high - 1))
+    pct = es(100 * tolerance, 0)
+    return claims.threshold(
+        abs(est.median - 1), tolerance, interval=(near, far), coverage=est.coverage, n=est.n,
+        method=est.method,
+        what=(f"Diferencia entre lo que completa por segundo un bucle abierto a "
+              f"{es(pairs['fraction'], 2)} veces la capacidad y la capacidad del bucle cerrado, "
+              f"|abierto / cerrado − 1| (cociente de las medianas de {est.n} pares: "
+              f"{es(est.median, 3)} veces)"),
+        passed=(f"las dos cifras coinciden dentro del {pct} %: con el servidor lleno da igual "
+                "cómo lleguen las peticiones, y el bucle cerrado sirve para medir la capacidad"),
+        failed=(f"las dos cifras se separan más de un {pct} %: aquí el bucle cerrado no mide lo "
+                "que sostiene un servidor desbordado"),
+        inconclusive=(f"el intervalo llega a ambos lados del {pct} %: con estos pares no se "
+                      "puede afirmar que coincidan ni que se separen"))
+
+
 @dataclass(frozen=True)
 class Findings:
     """What the lab found, between its two studies and its report: the engine's study on this
@@ -433,6 +494,7 @@ class Findings:
     sim_spread: claims.Claim
     served: ServedModel | None = None
     tpot: claims.Claim | None = None  # tpot_shift: open against closed loop, time per token
+    capacity_check: claims.Claim | None = None  # capacity_agreement: the two loops' capacity
 
     @classmethod
     def from_measurements(cls, model_name: str, params: dict, measured: dict, simulated: dict,
@@ -440,7 +502,10 @@ class Findings:
         return cls(model_name, params, measured, simulated,
                    omission=coordinated_omission(measured),
                    sim_spread=spread_claim(simulated["spread"], "Simulado"), served=served,
-                   tpot=tpot_shift(measured))
+                   tpot=tpot_shift(measured),
+                   capacity_check=(capacity_agreement(measured["capacity_pairs"],
+                                                      params["capacity_tolerance"])
+                                   if "capacity_pairs" in measured else None))
 
     @property
     def sweep_ratios(self) -> list[float]:
@@ -514,6 +579,7 @@ def _load_evidence(f: Findings) -> list[dict]:
             worst["goodput_req_s"], "peticiones/s", "measured", True),
         f.omission.evidence("x"),
         *([] if f.tpot is None else [f.tpot.evidence("x")]),
+        *([] if f.capacity_check is None else [f.capacity_check.evidence("fracción")]),
         _ev(f"El bucle cerrado nunca ofrece más que la capacidad; en bucle abierto, a "
             f"{es(measured['overload']['fraction'], 2)} veces la capacidad, el TTFT p99 es de "
             f"{es(1e3 * measured['overload']['ttft_p99_s'], 1)} ms.",
@@ -615,7 +681,10 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
                            progress=progress)
         reps = repeated_runs(target, cap["capacity_req_s"], params["repeat_fraction"],
                              params["repeats"], n, *shape, seed, progress=progress)
-    measured = analyse(cap, sweep, reps, params)
+        pairs = capacity_pairs(target, cap["capacity_req_s"], params["overload_fraction"],
+                               params["capacity_pairs"], width, params["closed_loop_requests"], n,
+                               *shape, seed, progress=progress)
+    measured = {**analyse(cap, sweep, reps, params), "capacity_pairs": pairs}
     simulated = simulate(params, seed)
     return report(Findings.from_measurements(cfg.name, params, measured, simulated, served))
 
@@ -649,6 +718,14 @@ SPEC = LabSpec(
                                  "capacidad)", min=0.01, max=100),
         "repeats": Param(5, int, "ejecuciones repetidas a la misma tasa", min=2, max=100,
                          by_profile={"ci": 3}),
+        "overload_fraction": Param(2.0, float, "tasa del bucle abierto que se compara con el "
+                                   "cerrado para medir la capacidad (fracción de la capacidad, "
+                                   "mayor que 1: el servidor debe quedar desbordado)", min=1.1,
+                                   max=100),
+        "capacity_pairs": Param(5, int, "pares intercalados bucle cerrado / bucle abierto "
+                                "desbordado (5 o más para un veredicto)", min=1, max=100),
+        "capacity_tolerance": Param(0.1, float, "cuánto pueden diferir las dos capacidades para "
+                                    "darlas por iguales (fracción)", min=0.001, max=1),
         "knee_factor": Param(3.0, float, "el codo: TTFT p99 por encima de este múltiplo del de "
                              "baja carga", min=1.0, max=1000),
         "slo_ttft_factor": Param(5.0, float, "SLO de TTFT, en múltiplos de la mediana a baja carga",
