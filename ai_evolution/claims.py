@@ -159,6 +159,8 @@ class Estimate:
             return f"intervalo {'de ' if self.method == ORDER2 else 'del '}{cov}: {span}"
         if self.method == BOOTSTRAP:
             return f"rango {span}, de {cov} (bootstrap con menos de {BOOT_MIN_N} muestras)"
+        if self.method == ORDER2 and self.coverage <= 0:  # a bound of 0 says nothing
+            return f"rango {span}, sin una cobertura que se pueda garantizar"
         return f"rango {span}, que cubre {'' if self.method == ORDER2 else 'el '}{cov}"
 
 

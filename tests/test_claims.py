@@ -258,3 +258,14 @@ def test_pasted_values_show_html_in_the_book_and_the_statement_to_the_contract_c
     assert "A &lt; b" in t.html and "<caption>Cómo se decidió</caption>" in t.html
     with pytest.raises(ValueError, match="al menos una"):
         claims.table([])
+
+
+def test_a_range_whose_coverage_bound_is_zero_does_not_print_a_coverage():
+    # Two tails of 30 and 32 values: each side's p99 interval covers little, so the bound on
+    # the ratio's coverage (c_a + c_b - 1) is 0; "covers at least 0 %" would say nothing.
+    rng = np.random.default_rng(3)
+    c = claims.compare(rng.uniform(1, 2, 30), rng.uniform(1, 2, 32), paired=False, q=99,
+                       **PHRASES)
+    assert c.outcome == claims.INCONCLUSIVE
+    assert "sin una cobertura que se pueda garantizar" in c.text and "0\u00a0%" not in c.text
+    assert claims.recheck(c.evidence("x")) == []
