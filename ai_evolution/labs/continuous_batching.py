@@ -551,7 +551,7 @@ SPEC = LabSpec(
     title="Batching continuo",
     chapter=3,
     folder="labs/03-continuous-batching",
-    ci_budget_s=150,
+    ci_budget_s=90,
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo servido (pesos aleatorios salvo tiny-es)",
@@ -561,7 +561,7 @@ SPEC = LabSpec(
                               by_profile={"ci": 32, "gpu": 128}),
         "prompt_len": Param(32, int, "tokens de cada prompt", min=1, max=4096),
         "mean_output": Param(48, float, "media de la exponencial de longitudes de salida",
-                             min=1, max=10_000, by_profile={"ci": 32}),
+                             min=1, max=10_000, by_profile={"ci": 20}),
         "caps": Param([16, 64, 384], int, "topes de la longitud de salida (dispersión creciente)",
                       min=1, max=8192, is_list=True, by_profile={"ci": [8, 32, 192]}),
         "max_num_seqs": Param(8, int, "ancho del lote (filas de caché KV)", min=1, max=1024,
@@ -573,7 +573,7 @@ SPEC = LabSpec(
                                "torch elija)", min=0, max=1024, by_profile={"ci": 1}),
         "validation_requests": Param(48, int, "peticiones de cada carga (calibración y "
                                      "validación) del simulador", min=1, max=10_000,
-                                     by_profile={"ci": 16}),
+                                     by_profile={"ci": 12}),
         "validation_widths": Param([1, 2, 4, 8], int, "anchos de lote de la validación del "
                                    "simulador", min=1, max=1024, is_list=True),
         "dc_device": Param("h100-sxm", str, "GPU del simulador de centro de datos",
@@ -581,7 +581,7 @@ SPEC = LabSpec(
         "dc_model": Param("llama-3.1-8b", str, "modelo del simulador de centro de datos",
                           choices=("llama-3.1-8b", "llama-2-7b", "mistral-7b-v0.3", "qwen3-0.6b")),
         "dc_requests": Param(1024, int, "peticiones simuladas", min=2, max=100_000,
-                             by_profile={"ci": 512}),
+                             by_profile={"ci": 384}),
         "dc_prompt_len": Param(512, int, "tokens de prompt simulados", min=1, max=100_000),
         "dc_mean_output": Param(128, float, "media de salida simulada", min=1, max=100_000),
         "dc_caps": Param([32, 128, 512, 1536], int, "topes simulados", min=1, max=100_000,

@@ -405,7 +405,7 @@ SPEC = LabSpec(
     title="El planificador",
     chapter=5,
     folder="labs/05-scheduler",
-    ci_budget_s=90,
+    ci_budget_s=65,
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo servido", choices=SERVED_MODELS),
@@ -435,10 +435,10 @@ SPEC = LabSpec(
         "pressure_requests": Param(32, int, "peticiones del estudio de expulsión", min=2,
                                    max=10_000, by_profile={"ci": 20}),
         "pressure_mean_output": Param(64, float, "media de salida del estudio de expulsión", min=1,
-                                      max=10_000),
+                                      max=10_000, by_profile={"ci": 40}),
         "pressure_max_num_seqs": Param(16, int, "ancho del lote del estudio de expulsión", min=1,
                                        max=1024),
         "pool_blocks": Param([256, 64, 40, 32], int, "tamaños del pool (bloques de 16)", min=1,
-                             max=1_000_000, is_list=True, by_profile={"ci": [256, 48, 32]}),
+                             max=1_000_000, is_list=True, by_profile={"ci": [256, 32, 20]}),
     },
 )
