@@ -67,6 +67,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -140,6 +141,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "one head to look where a copy continues (0: none)")
     p.add_argument("--induction-head", type=int, nargs=2, default=(2, 0), metavar=("LAYER", "HEAD"),
                    help="the head that --induction-weight supervises")
+    p.add_argument("--prev-token-weight", type=float, default=0.0,
+                   help="with copy tasks: weight of the attention-supervision loss that teaches one "
+                        "head to look at the previous token (0: none)")
+    p.add_argument("--prev-token-head", type=int, nargs=2, default=(0, 0), metavar=("LAYER", "HEAD"),
+                   help="the head that --prev-token-weight supervises (in a layer below --induction-head)")
+    p.add_argument("--copy-kinds", nargs="+", choices=CopyTasks.KINDS, default=list(CopyTasks.KINDS),
+                   help="with copy tasks: the kinds of task drawn (uniformly)")
+    p.add_argument("--max-val-ratio", type=float, default=1.5,
+                   help="with copy tasks: keep the weights of the evaluation with the highest held-out "
+                        "copy fraction among those whose held-out perplexity is at most this times "
+                        "the initial weights' (0: keep the last weights)")
     p.add_argument("--name", default="tiny-es", help="model name in config and training record")
     p.add_argument("--tokenizer", type=Path, default=None,
                    help="reuse this tokenizer.json instead of training one")
@@ -183,6 +195,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0.0 <= args.copy_fraction <= 1.0:
         p.error(f"--copy-fraction must lie in [0, 1], got {args.copy_fraction}")
+    if args.max_val_ratio < 0:
+        p.error(f"--max-val-ratio must be >= 0 (0: keep the last weights), got {args.max_val_ratio}")
     return args
 
 
@@ -269,8 +283,8 @@ class CopyTasks:
 
     KINDS = ("copia", "repite", "corrige", "cita")
 
-    def __init__(self, tok: Tokenizer, train_ids: torch.Tensor, seed: int):
-        self.tok, self.ids = tok, train_ids.tolist()
+    def __init__(self, tok: Tokenizer, train_ids: torch.Tensor, seed: int, kinds: tuple[str, ...] = KINDS):
+        self.tok, self.ids, self.kinds = tok, train_ids.tolist(), tuple(kinds)
         self.specials = {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
         self.gen = torch.Generator().manual_seed(seed + 1)
         enc = lambda s: tok.encode(s, add_bos=False)  # noqa: E731
@@ -303,7 +317,7 @@ class CopyTasks:
         that the token after ``query`` copies the token at ``key``, whose previous token is the
         one at ``query``: where an induction head at ``query`` should look."""
         p = self.passage()
-        kind = self.KINDS[self._int(0, len(self.KINDS) - 1)]
+        kind = self.kinds[self._int(0, len(self.kinds) - 1)]
         if kind == "copia":
             parts = [(p, 0)] + [(seg, 1) for _ in range(self._int(1, COPY_REPEATS)) for seg in (self.sep, p)]
         elif kind == "repite":
@@ -389,6 +403,23 @@ class InductionProbe:
 
     def remove(self) -> None:
         self.decoder.causal_attention = self.original
+
+
+class PreviousTokenProbe(InductionProbe):
+    """Attention supervision for a previous-token head: at every position but the first, the
+    mean -log probability of attending to the token just before. An induction head matches the
+    current token against the *previous* token of every earlier position, which it can only read
+    if an earlier layer copied it there; tiny-es has no such head (the highest mean attention to
+    the previous token among its 24 heads is about 0.2), so the induction head has nothing to
+    match until one forms. Supervising both breaks that circle. Stack it after the
+    InductionProbe (each wraps the attention function the other installed) and remove it first."""
+
+    def loss(self, ids: torch.Tensor, links=None) -> torch.Tensor | None:
+        if self.probs is None:
+            return None
+        T = self.probs.shape[-1]
+        t = torch.arange(1, T)
+        return -(self.probs[:, t, t - 1] + 1e-6).log().mean()
 
 
 def copy_prompts(val_chunks: list[torch.Tensor], separator: list[int]) -> tuple[list, list]:
@@ -554,10 +585,12 @@ def main(argv: list[str] | None = None) -> dict:
             raise ValueError(f"--init-from's architecture {init.config} differs from {config}")
         model.load_state_dict(init.state_dict())
         model.tie_weights()
-    tasks = CopyTasks(tok, train_ids, args.seed) if args.copy_fraction > 0 else None
+    tasks = CopyTasks(tok, train_ids, args.seed, args.copy_kinds) if args.copy_fraction > 0 else None
     n_copy_rows = round(args.batch_size * args.copy_fraction)
     induction = (InductionProbe(model, *args.induction_head)
              if tasks is not None and args.induction_weight > 0 else None)
+    prev_token = (PreviousTokenProbe(model, *args.prev_token_head)
+                  if tasks is not None and args.prev_token_weight > 0 else None)
     copy_eval = copy_prompts(val_chunks, tok.encode("\n\n", add_bos=False))
     dropout_hooks = add_residual_dropout(model, args.dropout)
     teacher = None
@@ -585,9 +618,21 @@ def main(argv: list[str] | None = None) -> dict:
                    for i in torch.linspace(0, max_start, 16).long().tolist()]
 
     history = []
+    # With copy tasks: the best evaluation so far (see --max-val-ratio), and its weights.
+    init_val = None if init is None else eval_loss(init, val_chunks, args.seq_len)
+    val_limit = (math.log(args.max_val_ratio) + (init_val if init_val is not None else math.inf)
+                 if tasks is not None and args.max_val_ratio > 0 else None)
+    best = None
+    # SIGINT / SIGTERM end the training loop early; the run then saves as usual (the best weights).
+    stop = []
+    previous_handlers = {sig: signal.signal(sig, lambda *_: stop.append(True))
+                         for sig in (signal.SIGINT, signal.SIGTERM)}
     t_train = time.perf_counter()
     running = None
     for step in range(args.steps):
+        if stop:
+            print(f"stopped by a signal before step {step + 1}", flush=True)
+            break
         lr = lr_at(step, args)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -606,6 +651,10 @@ def main(argv: list[str] | None = None) -> dict:
             aux = induction.loss(batch, links)
             if aux is not None:
                 loss = loss + args.induction_weight * aux
+        if prev_token is not None:
+            aux = prev_token.loss(batch)
+            if aux is not None:
+                loss = loss + args.prev_token_weight * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -625,13 +674,26 @@ def main(argv: list[str] | None = None) -> dict:
                 history[-1]["held_out_copy_fraction"] = round(copy_fraction(model, *copy_eval), 4)
                 model.train()
                 copied = f"  copy {history[-1]['held_out_copy_fraction']:.3f}"
+            if val_limit is not None and val <= val_limit and (
+                    best is None or history[-1]["held_out_copy_fraction"] > best[0]["held_out_copy_fraction"]):
+                best = (history[-1], copy.deepcopy(model.state_dict()))
+                copied += " (best)"
             print(f"step {step + 1:5d}/{args.steps}  lr {lr:.2e}  train {running:.3f}  "
                   f"train(probe) {probe:.3f}  val {val:.3f} (ppl {math.exp(val):.1f}){copied}  "
                   f"{elapsed:6.0f}s", flush=True)
     train_seconds = time.perf_counter() - t_train
+    steps_run = step + 1 if not stop else step
+    for sig, handler in previous_handlers.items():
+        signal.signal(sig, handler)
+    if best is not None:
+        model.load_state_dict(best[1])
+        print(f"kept the weights of step {best[0]['step']} (held-out copy fraction "
+              f"{best[0]['held_out_copy_fraction']:.3f})", flush=True)
 
     for handle in dropout_hooks:
         handle.remove()
+    if prev_token is not None:
+        prev_token.remove()
     if induction is not None:
         induction.remove()
     model.eval()
@@ -688,7 +750,11 @@ def main(argv: list[str] | None = None) -> dict:
                 "copy_fraction": round(copy_fraction(shipped, prompts_c, expected_c), 4),
                 "copy_fraction_init": None if init is None else round(copy_fraction(init, prompts_c, expected_c), 4),
             },
-            "init_val_loss": None if init is None else round(eval_loss(init, val_chunks, args.seq_len), 4),
+            "init_val_loss": None if init_val is None else round(init_val, 4),
+            "kept": ("the last weights" if best is None else
+                     f"the weights of step {best[0]['step']}: the highest held-out copy fraction among "
+                     f"the evaluations whose held-out perplexity is at most {args.max_val_ratio} times "
+                     "the initial weights'"),
         }
         if copy_record["init_val_loss"] is not None:
             copy_record["init_val_perplexity"] = round(math.exp(copy_record["init_val_loss"]), 3)
@@ -717,10 +783,10 @@ def main(argv: list[str] | None = None) -> dict:
         "config": config.to_dict(),
         "parameters": n_params,
         "hyperparameters": {
-            "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
+            "steps": args.steps, "steps_run": steps_run, "batch_size": args.batch_size, "seq_len": args.seq_len,
             "tokens_per_step": args.batch_size * args.seq_len,
-            "tokens_seen": args.steps * args.batch_size * args.seq_len,
-            "epochs_over_train": round(args.steps * args.batch_size * args.seq_len / len(train_ids), 2),
+            "tokens_seen": steps_run * args.batch_size * args.seq_len,
+            "epochs_over_train": round(steps_run * args.batch_size * args.seq_len / len(train_ids), 2),
             "optimizer": "AdamW", "lr": args.lr, "betas": [0.9, 0.95], "eps": 1e-8,
             "weight_decay": args.weight_decay, "weight_decay_on": "matrices only (dim >= 2)",
             "schedule": "linear warm-up, then cosine decay",
@@ -763,7 +829,7 @@ def main(argv: list[str] | None = None) -> dict:
             "safetensors_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
         },
         "timing": {"train_seconds": round(train_seconds, 1), "wall_seconds": round(wall, 1),
-                   "seconds_per_step": round(train_seconds / args.steps, 3)},
+                   "seconds_per_step": round(train_seconds / max(1, steps_run), 3)},
         "environment": {
             "torch": torch.__version__, "tokenizers": tokenizers.__version__,
             "numpy": np.__version__, "python": platform.python_version(),
@@ -773,8 +839,12 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if copy_record is not None:
         record["hyperparameters"] |= {
-            "copy_fraction_of_rows": args.copy_fraction,
+            "copy_fraction_of_rows": args.copy_fraction, "copy_kinds": list(args.copy_kinds),
+            "max_val_ratio": args.max_val_ratio,
             "induction_weight": args.induction_weight, "induction_head": list(args.induction_head),
+            "prev_token_weight": args.prev_token_weight, "prev_token_head": list(args.prev_token_head),
+            "prev_token_loss": "at every position of every row but the first: mean -log attention "
+                               "probability of the previous token (head prev_token_head)",
             "induction_loss": "at each query inside a copy: mean -log attention probability of the "
                               "source token the copy continues with, plus the cross entropy of that "
                               "token under the head's output through o_proj, the final norm and "
