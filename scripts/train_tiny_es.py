@@ -139,8 +139,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--induction-weight", type=float, default=0.0,
                    help="with copy tasks: weight of the attention-supervision loss that teaches "
                         "one head to look where a copy continues (0: none)")
-    p.add_argument("--induction-head", type=int, nargs=2, default=(2, 0), metavar=("LAYER", "HEAD"),
-                   help="the head that --induction-weight supervises")
+    p.add_argument("--induction-heads", "--induction-head", type=int, nargs="+", default=[2, 0],
+                   metavar="LAYER HEAD",
+                   help="the heads that --induction-weight supervises, as LAYER HEAD pairs")
     p.add_argument("--prev-token-weight", type=float, default=0.0,
                    help="with copy tasks: weight of the attention-supervision loss that teaches one "
                         "head to look at the previous token (0: none)")
@@ -195,6 +196,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0.0 <= args.copy_fraction <= 1.0:
         p.error(f"--copy-fraction must lie in [0, 1], got {args.copy_fraction}")
+    pairs = args.induction_heads
+    if len(pairs) % 2 or any(not 0 <= x for x in pairs):
+        p.error(f"--induction-heads takes LAYER HEAD pairs, got {pairs}")
+    args.induction_heads = sorted({(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2)})
     if args.max_val_ratio < 0:
         p.error(f"--max-val-ratio must be >= 0 (0: keep the last weights), got {args.max_val_ratio}")
     return args
@@ -359,19 +364,21 @@ class CopyTasks:
 
 
 class InductionProbe:
-    """Attention supervision for one head: while the model trains, the plain causal attention of
-    layer ``layer`` is computed explicitly and head ``head``'s probabilities are kept, so that
-    ``loss(ids, links)`` can be added to the language-model loss: at each query of a copy, the
-    mean -log probability of attending to the token the copy continues with, plus the cross
-    entropy of that token under the head's own output read through the final norm and the
-    unembedding (its direct contribution to the logits). It teaches the head to become an
-    induction head (Olsson et al., 2022) directly, where it looks and what it writes, instead
-    of waiting for the slow phase change in which such heads appear by themselves."""
+    """Attention supervision for some heads of one layer: while the model trains, the plain causal
+    attention of layer ``layer`` is computed explicitly and the probabilities of ``heads`` are
+    kept, so that ``loss(ids, links)`` can be added to the language-model loss: at each query of
+    a copy, the mean -log probability (over the heads) of attending to the token the copy
+    continues with, plus the cross entropy of that token under the heads' summed output read
+    through the final norm and the unembedding (their direct contribution to the logits). It
+    teaches the heads to become induction heads (Olsson et al., 2022) directly, where they look
+    and what they write, instead of waiting for the slow phase change in which such heads appear
+    by themselves. One head writes through its head_dim (64) channels only; heads of different
+    KV groups have different values, so together they carry more of the token to copy."""
 
-    def __init__(self, model, layer: int, head: int):
+    def __init__(self, model, layer: int, heads: list[int]):
         import ai_evolution.model.decoder as decoder
         self.decoder, self.original = decoder, decoder.causal_attention
-        self.model, self.head, self.probs, self.out, self.active = model, head, None, None, False
+        self.model, self.heads, self.probs, self.out, self.active = model, list(heads), None, None, False
         attn = self.attn = model.model.layers[layer].self_attn
         attn.register_forward_pre_hook(lambda m, a: setattr(self, "active", m.training))
         attn.register_forward_hook(lambda m, a, o: setattr(self, "active", False))
@@ -387,7 +394,7 @@ class InductionProbe:
         mask = torch.ones(T, T, dtype=torch.bool).triu(1)
         probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
         out = probs @ v
-        self.probs, self.out = probs[:, self.head], out[:, self.head]
+        self.probs, self.out = probs[:, self.heads], out[:, self.heads]  # [B, h, T, T], [B, h, T, d]
         return out
 
     def loss(self, ids: torch.Tensor, links: list[list[tuple[int, int]]]) -> torch.Tensor | None:
@@ -395,10 +402,11 @@ class InductionProbe:
         if not rows or self.probs is None:
             return None
         r, q, k = (torch.tensor(x) for x in zip(*rows))
-        look = -(self.probs[r, q, k] + 1e-6).log().mean()
+        look = -(self.probs[r, :, q, k] + 1e-6).log().mean()
         d = self.out.shape[-1]
-        w_o = self.attn.o_proj.weight[:, self.head * d:(self.head + 1) * d]
-        logits = self.model.lm_head(self.model.model.norm(self.out[r, q] @ w_o.T))
+        w_o = self.attn.o_proj.weight
+        written = sum(self.out[r, i, q] @ w_o[:, h * d:(h + 1) * d].T for i, h in enumerate(self.heads))
+        logits = self.model.lm_head(self.model.model.norm(written))
         return look + F.cross_entropy(logits, ids[r, q + 1])
 
     def remove(self) -> None:
@@ -419,7 +427,7 @@ class PreviousTokenProbe(InductionProbe):
             return None
         T = self.probs.shape[-1]
         t = torch.arange(1, T)
-        return -(self.probs[:, t, t - 1] + 1e-6).log().mean()
+        return -(self.probs[:, :, t, t - 1] + 1e-6).log().mean()
 
 
 def copy_prompts(val_chunks: list[torch.Tensor], separator: list[int]) -> tuple[list, list]:
@@ -587,9 +595,11 @@ def main(argv: list[str] | None = None) -> dict:
         model.tie_weights()
     tasks = CopyTasks(tok, train_ids, args.seed, args.copy_kinds) if args.copy_fraction > 0 else None
     n_copy_rows = round(args.batch_size * args.copy_fraction)
-    induction = (InductionProbe(model, *args.induction_head)
-             if tasks is not None and args.induction_weight > 0 else None)
-    prev_token = (PreviousTokenProbe(model, *args.prev_token_head)
+    induction = []  # one probe per supervised layer
+    if tasks is not None and args.induction_weight > 0:
+        for layer in sorted({l for l, _ in args.induction_heads}):
+            induction.append(InductionProbe(model, layer, [h for l, h in args.induction_heads if l == layer]))
+    prev_token = (PreviousTokenProbe(model, args.prev_token_head[0], [args.prev_token_head[1]])
                   if tasks is not None and args.prev_token_weight > 0 else None)
     copy_eval = copy_prompts(val_chunks, tok.encode("\n\n", add_bos=False))
     dropout_hooks = add_residual_dropout(model, args.dropout)
@@ -628,7 +638,7 @@ def main(argv: list[str] | None = None) -> dict:
     previous_handlers = {sig: signal.signal(sig, lambda *_: stop.append(True))
                          for sig in (signal.SIGINT, signal.SIGTERM)}
     t_train = time.perf_counter()
-    running = None
+    running, parts = None, {}
     for step in range(args.steps):
         if stop:
             print(f"stopped by a signal before step {step + 1}", flush=True)
@@ -647,14 +657,15 @@ def main(argv: list[str] | None = None) -> dict:
             loss = distill_loss(model, teacher, batch, args.distill_weight)
         else:
             loss = lm_loss(model, batch, weight)
-        if induction is not None:
-            aux = induction.loss(batch, links)
-            if aux is not None:
-                loss = loss + args.induction_weight * aux
-        if prev_token is not None:
-            aux = prev_token.loss(batch)
-            if aux is not None:
-                loss = loss + args.prev_token_weight * aux
+        terms = {"lm": loss.item()}
+        for key, probes, w in (("induction", induction, args.induction_weight),
+                               ("prev_token", [prev_token] if prev_token else [], args.prev_token_weight)):
+            aux = [a for a in (probe.loss(batch, links) for probe in probes) if a is not None]
+            if aux:
+                aux = sum(aux) / len(aux)
+                terms[key] = aux.item()
+                loss = loss + w * aux
+        parts = {k: v if k not in parts else 0.9 * parts[k] + 0.1 * v for k, v in terms.items()}
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -666,6 +677,7 @@ def main(argv: list[str] | None = None) -> dict:
             probe = eval_loss(model, train_probe, args.seq_len)
             elapsed = time.perf_counter() - t_train
             history.append({"step": step + 1, "lr": lr, "train_batch_loss_ema": round(running, 4),
+                            **{f"train_{k}_loss_ema": round(v, 4) for k, v in parts.items() if k != "lm" or len(parts) > 1},
                             "train_probe_loss": round(probe, 4), "val_loss": round(val, 4),
                             "elapsed_s": round(elapsed, 1)})
             copied = ""
@@ -678,7 +690,8 @@ def main(argv: list[str] | None = None) -> dict:
                     best is None or history[-1]["held_out_copy_fraction"] > best[0]["held_out_copy_fraction"]):
                 best = (history[-1], copy.deepcopy(model.state_dict()))
                 copied += " (best)"
-            print(f"step {step + 1:5d}/{args.steps}  lr {lr:.2e}  train {running:.3f}  "
+            terms_text = "".join(f" {k} {v:.2f}" for k, v in parts.items()) if len(parts) > 1 else ""
+            print(f"step {step + 1:5d}/{args.steps}  lr {lr:.2e}  train {running:.3f}{terms_text}  "
                   f"train(probe) {probe:.3f}  val {val:.3f} (ppl {math.exp(val):.1f}){copied}  "
                   f"{elapsed:6.0f}s", flush=True)
     train_seconds = time.perf_counter() - t_train
@@ -694,8 +707,8 @@ def main(argv: list[str] | None = None) -> dict:
         handle.remove()
     if prev_token is not None:
         prev_token.remove()
-    if induction is not None:
-        induction.remove()
+    for probe in reversed(induction):
+        probe.remove()
     model.eval()
     final_train = eval_loss(model, [train_ids], args.seq_len)
     final_val = eval_loss(model, val_chunks, args.seq_len)
@@ -841,14 +854,14 @@ def main(argv: list[str] | None = None) -> dict:
         record["hyperparameters"] |= {
             "copy_fraction_of_rows": args.copy_fraction, "copy_kinds": list(args.copy_kinds),
             "max_val_ratio": args.max_val_ratio,
-            "induction_weight": args.induction_weight, "induction_head": list(args.induction_head),
+            "induction_weight": args.induction_weight, "induction_heads": [list(x) for x in args.induction_heads],
             "prev_token_weight": args.prev_token_weight, "prev_token_head": list(args.prev_token_head),
             "prev_token_loss": "at every position of every row but the first: mean -log attention "
                                "probability of the previous token (head prev_token_head)",
             "induction_loss": "at each query inside a copy: mean -log attention probability of the "
                               "source token the copy continues with, plus the cross entropy of that "
                               "token under the head's output through o_proj, the final norm and "
-                              "the unembedding (head induction_head)",
+                              "the unembedding (the summed output of induction_heads, per layer; the mean over layers)",
             "loss_weights": "1 on every token of plain rows; copy rows: see copy.tasks.loss_weights",
             "train_batch_loss_ema": "includes induction_weight x the induction loss",
         }
