@@ -115,7 +115,7 @@ COPY_DEFAULTS = dict(
 # split: locally it reads like the corpus, as a whole it is new, so the only way to predict its
 # repetition is to copy it from the context (a model that memorized the corpus cannot recall it).
 COPY_PASSAGE = (12, 64)
-COPY_PIECE = (1, 6)
+COPY_PIECE = (1, 6)  # the default of --copy-piece
 COPY_CORRUPT = 0.1
 COPY_REPEATS = 3  # a "copia" task repeats its passage 1 to COPY_REPEATS times
 COPY_EVAL_PASSAGE = 40
@@ -149,6 +149,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the head that --prev-token-weight supervises (in a layer below --induction-head)")
     p.add_argument("--copy-kinds", nargs="+", choices=CopyTasks.KINDS, default=list(CopyTasks.KINDS),
                    help="with copy tasks: the kinds of task drawn (uniformly)")
+    p.add_argument("--copy-piece", type=int, nargs=2, default=list(COPY_PIECE), metavar=("MIN", "MAX"),
+                   help="with copy tasks: lengths (tokens) of the training-split pieces a passage is "
+                        "stitched from (shorter pieces: less of the passage can be recalled instead of copied)")
     p.add_argument("--max-val-ratio", type=float, default=1.5,
                    help="with copy tasks: keep the weights of the evaluation with the highest held-out "
                         "copy fraction among those whose held-out perplexity is at most this times "
@@ -202,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.induction_heads = sorted({(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2)})
     if args.max_val_ratio < 0:
         p.error(f"--max-val-ratio must be >= 0 (0: keep the last weights), got {args.max_val_ratio}")
+    if not 1 <= args.copy_piece[0] <= args.copy_piece[1]:
+        p.error(f"--copy-piece takes MIN MAX with 1 <= MIN <= MAX, got {args.copy_piece}")
     return args
 
 
@@ -288,8 +293,9 @@ class CopyTasks:
 
     KINDS = ("copia", "repite", "corrige", "cita")
 
-    def __init__(self, tok: Tokenizer, train_ids: torch.Tensor, seed: int, kinds: tuple[str, ...] = KINDS):
-        self.tok, self.ids, self.kinds = tok, train_ids.tolist(), tuple(kinds)
+    def __init__(self, tok: Tokenizer, train_ids: torch.Tensor, seed: int, kinds: tuple[str, ...] = KINDS,
+                 piece: tuple[int, int] = COPY_PIECE):
+        self.tok, self.ids, self.kinds, self.piece_len = tok, train_ids.tolist(), tuple(kinds), tuple(piece)
         self.specials = {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
         self.gen = torch.Generator().manual_seed(seed + 1)
         enc = lambda s: tok.encode(s, add_bos=False)  # noqa: E731
@@ -311,10 +317,10 @@ class CopyTasks:
                 return window
 
     def passage(self) -> list[int]:
-        """COPY_PASSAGE tokens stitched from pieces of COPY_PIECE tokens (see COPY_PIECE)."""
+        """COPY_PASSAGE tokens stitched from pieces of ``piece`` tokens (see COPY_PIECE)."""
         n, out = self._int(*COPY_PASSAGE), []
         while len(out) < n:
-            out += self.piece(min(self._int(*COPY_PIECE), n - len(out)))
+            out += self.piece(min(self._int(*self.piece_len), n - len(out)))
         return out
 
     def task(self) -> tuple[list[int], list[int], list[tuple[int, int]]]:
@@ -593,7 +599,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise ValueError(f"--init-from's architecture {init.config} differs from {config}")
         model.load_state_dict(init.state_dict())
         model.tie_weights()
-    tasks = CopyTasks(tok, train_ids, args.seed, args.copy_kinds) if args.copy_fraction > 0 else None
+    tasks = CopyTasks(tok, train_ids, args.seed, args.copy_kinds, args.copy_piece) if args.copy_fraction > 0 else None
     n_copy_rows = round(args.batch_size * args.copy_fraction)
     induction = []  # one probe per supervised layer
     if tasks is not None and args.induction_weight > 0:
@@ -690,6 +696,8 @@ def main(argv: list[str] | None = None) -> dict:
                     best is None or history[-1]["held_out_copy_fraction"] > best[0]["held_out_copy_fraction"]):
                 best = (history[-1], copy.deepcopy(model.state_dict()))
                 copied += " (best)"
+                # on disk too, so that a run killed outright still leaves its best weights
+                save_pretrained(copy.deepcopy(model).to(getattr(torch, args.save_dtype)), args.out / "best")
             terms_text = "".join(f" {k} {v:.2f}" for k, v in parts.items()) if len(parts) > 1 else ""
             print(f"step {step + 1:5d}/{args.steps}  lr {lr:.2e}  train {running:.3f}{terms_text}  "
                   f"train(probe) {probe:.3f}  val {val:.3f} (ppl {math.exp(val):.1f}){copied}  "
@@ -722,6 +730,7 @@ def main(argv: list[str] | None = None) -> dict:
         shutil.copyfile(args.tokenizer, out / "tokenizer.json")
     else:
         tok.backend.save(str(out / "tokenizer.json"))
+    shutil.rmtree(out / "best", ignore_errors=True)  # the run's own checkpoint, now saved above
     shipped = load_pretrained(out)
     shipped_train = eval_loss(shipped, [train_ids], args.seq_len)
     shipped_val = eval_loss(shipped, val_chunks, args.seq_len)
@@ -750,7 +759,7 @@ def main(argv: list[str] | None = None) -> dict:
                       "loss_weights": "0 on every task's source passage (new text: noise), 1 on "
                                       "instructions, separators, targets and </s>",
                       "source": "pieces of the training split (lengths uniform in "
-                                f"{list(COPY_PIECE)} tokens, no document boundary inside) at random "
+                                f"{list(args.copy_piece)} tokens, no document boundary inside) at random "
                                 "places, stitched: locally corpus text, as a whole new",
                       "rows_per_step": n_copy_rows, "plain_rows_per_step": args.batch_size - n_copy_rows,
                       "packing": "<s> task </s> back to back, the row cut at seq_len + 1",
