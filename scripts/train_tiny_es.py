@@ -142,6 +142,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--induction-heads", "--induction-head", type=int, nargs="+", default=[2, 0],
                    metavar="LAYER HEAD",
                    help="the heads that --induction-weight supervises, as LAYER HEAD pairs")
+    p.add_argument("--induction-logits", choices=("alone", "final"), default="alone",
+                   help="the induction loss's cross entropy reads the heads' output through the final "
+                        "norm as if it were alone (alone), or divided by the RMS of the whole final "
+                        "residual stream (final: the heads must write loud enough to decide the token)")
     p.add_argument("--prev-token-weight", type=float, default=0.0,
                    help="with copy tasks: weight of the attention-supervision loss that teaches one "
                         "head to look at the previous token (0: none)")
@@ -381,13 +385,17 @@ class InductionProbe:
     by themselves. One head writes through its head_dim (64) channels only; heads of different
     KV groups have different values, so together they carry more of the token to copy."""
 
-    def __init__(self, model, layer: int, heads: list[int]):
+    def __init__(self, model, layer: int, heads: list[int], scale: str = "alone"):
         import ai_evolution.model.decoder as decoder
         self.decoder, self.original = decoder, decoder.causal_attention
         self.model, self.heads, self.probs, self.out, self.active = model, list(heads), None, None, False
+        self.scale, self.final_rms = scale, None
         attn = self.attn = model.model.layers[layer].self_attn
         attn.register_forward_pre_hook(lambda m, a: setattr(self, "active", m.training))
         attn.register_forward_hook(lambda m, a, o: setattr(self, "active", False))
+        if scale == "final":  # the RMS of the residual stream the final norm divides by
+            model.model.norm.register_forward_pre_hook(lambda m, a: setattr(
+                self, "final_rms", a[0].detach().pow(2).mean(-1, keepdim=True).add(m.eps).sqrt()))
         decoder.causal_attention = self.attention
 
     def attention(self, q, k, v):
@@ -412,7 +420,13 @@ class InductionProbe:
         d = self.out.shape[-1]
         w_o = self.attn.o_proj.weight
         written = sum(self.out[r, i, q] @ w_o[:, h * d:(h + 1) * d].T for i, h in enumerate(self.heads))
-        logits = self.model.lm_head(self.model.model.norm(written))
+        norm = self.model.model.norm
+        if self.scale == "final":
+            # what the heads add to the logits at the scale of the whole residual stream: written
+            # loud enough to win over everything else the model puts there
+            logits = self.model.lm_head(norm.weight * written / self.final_rms[r, q])
+        else:
+            logits = self.model.lm_head(norm(written))
         return look + F.cross_entropy(logits, ids[r, q + 1])
 
     def remove(self) -> None:
@@ -604,7 +618,8 @@ def main(argv: list[str] | None = None) -> dict:
     induction = []  # one probe per supervised layer
     if tasks is not None and args.induction_weight > 0:
         for layer in sorted({l for l, _ in args.induction_heads}):
-            induction.append(InductionProbe(model, layer, [h for l, h in args.induction_heads if l == layer]))
+            induction.append(InductionProbe(model, layer, [h for l, h in args.induction_heads if l == layer],
+                                            args.induction_logits))
     prev_token = (PreviousTokenProbe(model, args.prev_token_head[0], [args.prev_token_head[1]])
                   if tasks is not None and args.prev_token_weight > 0 else None)
     copy_eval = copy_prompts(val_chunks, tok.encode("\n\n", add_bos=False))
@@ -864,6 +879,7 @@ def main(argv: list[str] | None = None) -> dict:
             "copy_fraction_of_rows": args.copy_fraction, "copy_kinds": list(args.copy_kinds),
             "max_val_ratio": args.max_val_ratio,
             "induction_weight": args.induction_weight, "induction_heads": [list(x) for x in args.induction_heads],
+            "induction_logits": args.induction_logits,
             "prev_token_weight": args.prev_token_weight, "prev_token_head": list(args.prev_token_head),
             "prev_token_loss": "at every position of every row but the first: mean -log attention "
                                "probability of the previous token (head prev_token_head)",
