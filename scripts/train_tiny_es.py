@@ -105,8 +105,8 @@ DRAFT_DEFAULTS = dict(
 # so it writes to the temporary folder unless --out says otherwise.
 COPY_DEFAULTS = dict(
     name="tiny-es-copy", out=Path(tempfile.gettempdir()) / "tiny-es-copy", tokenizer=DEFAULT_OUT / "tokenizer.json",
-    init_from=DEFAULT_OUT, copy_fraction=0.5, induction_weight=1.0, steps=600, lr=1e-3, warmup=30,
-    eval_every=100,
+    init_from=DEFAULT_OUT, seq_len=128, batch_size=16, copy_fraction=0.75, induction_weight=1.0,
+    induction_heads=[2, 0], prev_token_weight=1.0, steps=400, lr=2e-3, warmup=20, eval_every=25,
 )
 # Copy tasks: passage lengths drawn uniformly in this range (tokens), share of tokens replaced in
 # a "Corrige:" task, and the held-out copy measurement (the lab's "copia" workload: a passage,
