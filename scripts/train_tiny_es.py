@@ -32,9 +32,9 @@ copy fraction, also at every evaluation), for the new model and for the one it s
 both models' held-out perplexity.
 
 ``--copy`` is an experiment, not a shipped model. On the course's 2-core CPU (one thread, shared),
-no recipe tried taught tiny-es to copy within a ~10-minute budget (held-out copy fraction, the
-share of greedy tokens equal to the paragraph's continuation in their place over the 24 held-out
-paragraphs: 0.016 for tiny-es):
+no recipe tried taught tiny-es to copy (held-out copy fraction, the share of greedy tokens equal
+to the paragraph's continuation in their place over the 24 held-out paragraphs: 0.016 for
+tiny-es). First, ~10-minute runs on 2 rows of 512 tokens per step:
   - plain training windows as passages, 600 steps: 0.022 (the model recalls memorized text
     instead of copying it; held-out loss fell from 6.26 to 5.36 nats as the memorization faded);
   - stitched passages, 200 steps: 0.029, 0.022; with no loss on the source passages and only
@@ -43,9 +43,29 @@ paragraphs: 0.016 for tiny-es):
     and a held-out perplexity in the thousands;
   - attention supervision of head (2, 0) on top, 600 steps: 0.021 to 0.036 along the way, 0.027
     at the end (the batch loss with the supervised term fell from 15 to 2.5 nats, so the
-    head learned where to look, but copying did not follow); with the head's direct logit contribution supervised too, 300 steps: 0.022, 0.030.
-Induction heads appear in a phase change after many more tokens than the ~0.6 M seen here; a GPU run with
---steps in the thousands is the next thing to try.
+    head learned where to look, but copying did not follow); with the head's direct logit
+    contribution supervised too, 300 steps: 0.022, 0.030.
+Then 16 rows of 128 tokens per step (12 to 14 of them copy rows), lr 2e-3, 20 warm-up steps,
+1.5 to 2.4 s per step (the machine busy with other jobs), evaluated every 25 or 50 steps:
+  - head (2, 0) supervised, 225 steps: 0.016 rising to 0.043-0.051 (noisy); with a supervised
+    previous-token head (0, 0) too (tiny-es has none: its 24 heads give the previous token at
+    most 0.19 of their attention), 325 steps: 0.052, held-out perplexity 134 (tiny-es: 523).
+    On a held-out copy prompt head (2, 0) then puts 0.82 of its attention on the token to copy,
+    and its output alone, read through the final norm and the unembedding, names that token
+    81 % of the time (teacher-forced, after the 8-token cue); the whole model only 33 % (25 % on
+    stitched training passages): the head copies, the layers above drown it;
+  - the induction head in the last layer instead, (5, 0), 14 copy rows of 16, 200 steps:
+    0.030 (teacher-forced 16 % at step 100); four heads (4, 0), (4, 2), (5, 0), (5, 2) (two
+    per KV group, so that more than 64 channels carry the token), 150 steps: 0.022;
+  - heads (2, 0), (5, 0), (5, 2) with their direct logits divided by the RMS of the whole final
+    residual (``--induction-logits final``: they must write loud enough to decide the token),
+    250 steps: 0.021 to 0.036; the same with passages of single tokens drawn from the training
+    split (``--copy-piece 1 1``: nothing left to recall, only to copy), 250 steps: 0.046 at step
+    50, then down to 0.017 while the language-model term of the batch loss fell from 9.1 to 3.6
+    nats;
+  - RESULT_G
+Induction heads appear in a phase change after many more tokens than the ~1 to 2 M seen here; a
+GPU run with --steps in the thousands is the next thing to try.
 
 Same seed + same corpus + same machine + same thread count -> the same weights, bit for bit.
 
@@ -100,9 +120,11 @@ DRAFT_DEFAULTS = dict(
     name="tiny-es-draft", out=DEFAULT_OUT.parent / "tiny-es-draft", tokenizer=DEFAULT_OUT / "tokenizer.json",
     target=DEFAULT_OUT, distill_from=DEFAULT_OUT, layers=2, hidden=128, heads=2, kv_heads=1, intermediate=352, steps=360, lr=3e-3,
 )
-# --copy: tiny-es fine-tuned on plain windows and copy tasks (same tokenizer and architecture).
-# Not a shipped model: on this CPU budget the recipe does not teach copying (see the docstring),
-# so it writes to the temporary folder unless --out says otherwise.
+# --copy: tiny-es fine-tuned on plain windows and copy tasks (same tokenizer and architecture),
+# with a supervised previous-token head and induction head; the defaults are the recipe whose
+# held-out copy fraction rose the most in the CPU runs listed in the docstring. Not a shipped
+# model: on this CPU budget no recipe teaches copying, so it writes to the temporary folder
+# unless --out says otherwise.
 COPY_DEFAULTS = dict(
     name="tiny-es-copy", out=Path(tempfile.gettempdir()) / "tiny-es-copy", tokenizer=DEFAULT_OUT / "tokenizer.json",
     init_from=DEFAULT_OUT, seq_len=128, batch_size=16, copy_fraction=0.75, induction_weight=1.0,
@@ -769,7 +791,7 @@ def main(argv: list[str] | None = None) -> dict:
                                            "by random ids> -> <passage>",
                                 "cita": "<passage>\\nPregunta: ¿Cómo empieza el texto? Respuesta: "
                                         "«<first half of passage>»"},
-                      "kind_choice": "uniform", "passage_tokens": list(COPY_PASSAGE),
+                      "kind_choice": f"uniform over {list(args.copy_kinds)}", "passage_tokens": list(COPY_PASSAGE),
                       "corrupted_share": COPY_CORRUPT, "copy_repeats": COPY_REPEATS,
                       "loss_weights": "0 on every task's source passage (new text: noise), 1 on "
                                       "instructions, separators, targets and </s>",
