@@ -178,6 +178,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--copy-piece", type=int, nargs=2, default=list(COPY_PIECE), metavar=("MIN", "MAX"),
                    help="with copy tasks: lengths (tokens) of the training-split pieces a passage is "
                         "stitched from (shorter pieces: less of the passage can be recalled instead of copied)")
+    p.add_argument("--copy-bos-share", type=float, default=1.0,
+                   help="with copy tasks: share of the tasks that start with <s> (the others start "
+                        "with their first text token, as the held-out copy prompts do)")
     p.add_argument("--max-val-ratio", type=float, default=1.5,
                    help="with copy tasks: keep the weights of the evaluation with the highest held-out "
                         "copy fraction among those whose held-out perplexity is at most this times "
@@ -231,6 +234,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.induction_heads = sorted({(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2)})
     if args.max_val_ratio < 0:
         p.error(f"--max-val-ratio must be >= 0 (0: keep the last weights), got {args.max_val_ratio}")
+    if not 0.0 <= args.copy_bos_share <= 1.0:
+        p.error(f"--copy-bos-share must lie in [0, 1], got {args.copy_bos_share}")
     if not 1 <= args.copy_piece[0] <= args.copy_piece[1]:
         p.error(f"--copy-piece takes MIN MAX with 1 <= MIN <= MAX, got {args.copy_piece}")
     return args
@@ -320,8 +325,9 @@ class CopyTasks:
     KINDS = ("copia", "repite", "corrige", "cita")
 
     def __init__(self, tok: Tokenizer, train_ids: torch.Tensor, seed: int, kinds: tuple[str, ...] = KINDS,
-                 piece: tuple[int, int] = COPY_PIECE):
+                 piece: tuple[int, int] = COPY_PIECE, bos_share: float = 1.0):
         self.tok, self.ids, self.kinds, self.piece_len = tok, train_ids.tolist(), tuple(kinds), tuple(piece)
+        self.bos_share = bos_share
         self.specials = {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}
         self.gen = torch.Generator().manual_seed(seed + 1)
         enc = lambda s: tok.encode(s, add_bos=False)  # noqa: E731
@@ -380,6 +386,9 @@ class CopyTasks:
                 links += [(start + i - 1, src + i) for i in range(1, len(seg))]
         # a "Corrige:" source differs from its copy where it was corrupted: no link there
         links = [(q, k) for q, k in links if ids[q] == ids[k - 1] and ids[q + 1] == ids[k]]
+        if self.bos_share < 1 and float(torch.rand(1, generator=self.gen)) >= self.bos_share:
+            # no <s>: a model that only copies after one fails on prompts that have none
+            ids, weight, links = ids[1:], weight[1:], [(q - 1, k - 1) for q, k in links]
         return ids, weight, links
 
     def row(self, length: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
@@ -635,7 +644,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise ValueError(f"--init-from's architecture {init.config} differs from {config}")
         model.load_state_dict(init.state_dict())
         model.tie_weights()
-    tasks = CopyTasks(tok, train_ids, args.seed, args.copy_kinds, args.copy_piece) if args.copy_fraction > 0 else None
+    tasks = CopyTasks(tok, train_ids, args.seed, args.copy_kinds, args.copy_piece, args.copy_bos_share) if args.copy_fraction > 0 else None
     n_copy_rows = round(args.batch_size * args.copy_fraction)
     induction = []  # one probe per supervised layer
     if tasks is not None and args.induction_weight > 0:
@@ -791,7 +800,7 @@ def main(argv: list[str] | None = None) -> dict:
                                            "by random ids> -> <passage>",
                                 "cita": "<passage>\\nPregunta: ¿Cómo empieza el texto? Respuesta: "
                                         "«<first half of passage>»"},
-                      "kind_choice": f"uniform over {list(args.copy_kinds)}", "passage_tokens": list(COPY_PASSAGE),
+                      "kind_choice": f"uniform over {list(args.copy_kinds)}", "bos_share": args.copy_bos_share, "passage_tokens": list(COPY_PASSAGE),
                       "corrupted_share": COPY_CORRUPT, "copy_repeats": COPY_REPEATS,
                       "loss_weights": "0 on every task's source passage (new text: noise), 1 on "
                                       "instructions, separators, targets and </s>",

@@ -93,7 +93,23 @@ def test_kinds_and_piece_lengths_are_chosen(split):
     assert all(train.COPY_PASSAGE[0] <= len(w) <= train.COPY_PASSAGE[1] for w in words)
 
 
+def test_tasks_without_bos_keep_their_links(split):
+    tok, train_ids, _ = split
+    tasks = train.CopyTasks(tok, train_ids, seed=0, bos_share=0.5)
+    starts = set()
+    for _ in range(30):
+        ids, weight, links = tasks.task()
+        starts.add(ids[0] == tok.bos_token_id)
+        assert len(ids) == len(weight) and ids[-1] == tok.eos_token_id
+        for q, k in links:
+            assert 0 <= k - 1 and ids[q] == ids[k - 1] and ids[q + 1] == ids[k]
+    assert starts == {True, False}
+    never = train.CopyTasks(tok, train_ids, seed=0, bos_share=0.0)
+    assert all(never.task()[0][0] != tok.bos_token_id for _ in range(10))
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--copy", "--copy-bos-share", "1.5"], "[0, 1]"),
     (["--copy", "--induction-heads", "2", "0", "5"], "LAYER HEAD pairs"),
     (["--copy", "--copy-piece", "0", "3"], "1 <= MIN <= MAX"),
     (["--copy", "--copy-piece", "4", "3"], "1 <= MIN <= MAX"),
