@@ -81,24 +81,100 @@ def test_held_out_copy_prompts_ask_for_the_rest_of_each_passage(split):
         assert want == passage[train.COPY_CUE:]
 
 
-def test_the_induction_probe_keeps_the_forward_and_supervises_one_head():
+def test_kinds_and_piece_lengths_are_chosen(split):
+    tok, train_ids, _ = split
+    tasks = train.CopyTasks(tok, train_ids, seed=0, kinds=("copia",), piece=(1, 1))
+    for _ in range(10):
+        ids, weight, _ = tasks.task()
+        text = tok.decode(ids[1:-1])
+        assert not text.startswith(("Repite: ", "Corrige: ")) and "Pregunta:" not in text
+    assert tasks.piece_len == (1, 1)
+    words = [tasks.passage() for _ in range(5)]
+    assert all(train.COPY_PASSAGE[0] <= len(w) <= train.COPY_PASSAGE[1] for w in words)
+
+
+def test_tasks_without_bos_keep_their_links(split):
+    tok, train_ids, _ = split
+    tasks = train.CopyTasks(tok, train_ids, seed=0, bos_share=0.5)
+    starts = set()
+    for _ in range(30):
+        ids, weight, links = tasks.task()
+        starts.add(ids[0] == tok.bos_token_id)
+        assert len(ids) == len(weight) and ids[-1] == tok.eos_token_id
+        for q, k in links:
+            assert 0 <= k - 1 and ids[q] == ids[k - 1] and ids[q + 1] == ids[k]
+    assert starts == {True, False}
+    never = train.CopyTasks(tok, train_ids, seed=0, bos_share=0.0)
+    assert all(never.task()[0][0] != tok.bos_token_id for _ in range(10))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--copy", "--copy-bos-share", "1.5"], "[0, 1]"),
+    (["--copy", "--induction-heads", "2", "0", "5"], "LAYER HEAD pairs"),
+    (["--copy", "--copy-piece", "0", "3"], "1 <= MIN <= MAX"),
+    (["--copy", "--copy-piece", "4", "3"], "1 <= MIN <= MAX"),
+    (["--copy", "--max-val-ratio", "-1"], ">= 0"),
+])
+def test_bad_copy_flags_are_refused_with_the_accepted_values(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_copy_flags_are_parsed_into_head_pairs():
+    args = train.parse_args(["--copy", "--induction-heads", "5", "2", "2", "0", "5", "2"])
+    assert args.induction_heads == [(2, 0), (5, 2)]
+    assert train.parse_args(["--copy"]).induction_heads == [tuple(train.COPY_DEFAULTS["induction_heads"][:2])]
+
+
+def tiny_model():
     from ai_evolution.model import ModelConfig
     from ai_evolution.model.checkpoint import random_model
 
     config = ModelConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
                          intermediate_size=96, vocab_size=97, max_position_embeddings=64)
-    model = random_model(config, seed=0)
+    return random_model(config, seed=0)
+
+
+def test_probes_stack_supervise_several_heads_and_come_off_in_order():
+    model = tiny_model()
+    ids = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(0))
+    ids[1, 12:15] = ids[1, 4:7]
+    with torch.no_grad():
+        plain = model(ids)
+    model.train()
+    import ai_evolution.model.decoder as decoder
+    original = decoder.causal_attention
+    induction = train.InductionProbe(model, 1, [0, 2], scale="final")
+    prev = train.PreviousTokenProbe(model, 0, [1])
+    try:
+        assert torch.allclose(model(ids), plain, atol=1e-5)
+        assert induction.probs.shape == (2, 2, 20, 20) and prev.probs.shape == (2, 1, 20, 20)
+        assert induction.final_rms.shape == (2, 20, 1)
+        links = [[], [(12, 5), (13, 6)]]
+        loss_i, loss_p = induction.loss(ids, links), prev.loss(ids, links)
+        assert loss_i.isfinite() and loss_i > 0 and loss_p.isfinite() and loss_p > 0
+        (loss_i + loss_p).backward()
+        assert model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+    finally:
+        prev.remove()
+        induction.remove()
+    assert decoder.causal_attention is original
+
+
+def test_the_induction_probe_keeps_the_forward_and_supervises_one_head():
+    model = tiny_model()
     ids = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(0))
     ids[1, 12:15] = ids[1, 4:7]  # a copy: query 12 should look at key 5, query 13 at key 6
     with torch.no_grad():
         plain = model(ids)
     model.train()
-    probe = train.InductionProbe(model, 1, 2)
+    probe = train.InductionProbe(model, 1, [2])
     try:
         logits = model(ids)
         assert torch.allclose(logits, plain, atol=1e-5)  # the explicit attention is the same one
-        assert probe.probs.shape == (2, 20, 20)
-        assert torch.allclose(probe.probs.sum(-1), torch.ones(2, 20))
+        assert probe.probs.shape == (2, 1, 20, 20)
+        assert torch.allclose(probe.probs.sum(-1), torch.ones(2, 1, 20))
         assert probe.probs.triu(1).abs().max() == 0  # causal
         links = [[], [(12, 5), (13, 6)]]
         loss = probe.loss(ids, links)
