@@ -22,6 +22,9 @@
    ("repeat this paragraph") and a free-generation one, each request served alone by the engine
    plainly, with n-gram proposals (``method="ngram"``) and with the draft model, interleaved;
    acceptance, tokens per step, speedup, and how much of the paragraph the model really copies.
+   The target here is ``ngram_model`` (``tiny-es-copy``: tiny-es fine-tuned on copy tasks), and
+   the copy fraction of ``tiny-es`` itself is measured beside it: tiny-es never learned to copy,
+   so prompt lookup has nothing to find in what it writes.
 
 :class:`Findings` holds the measurements and every conclusion about this machine, each a
 :mod:`ai_evolution.claims` claim; :func:`report` turns the findings into the contract's body.
@@ -232,6 +235,7 @@ def measure_engine(target, draft, prompts: list[list[int]], params: dict) -> dic
 
 NGRAM_WINDOW = (1, 3)  # prompt_lookup_min, prompt_lookup_max of the lab's n-gram proposer
 COPY_CUE = 8           # tokens of the paragraph repeated after it in the copy-heavy prompt
+COPIES = 0.5           # copy fraction from which a model "copies" in the lab's sentences
 
 
 def ngram_workloads(model: str, count: int, length: int, separator: list[int]) -> dict[str, dict]:
@@ -252,11 +256,20 @@ def copy_rate(outputs: list[list[int]], expected: list[list[int]]) -> float:
     return sum(a == b for a, b in pairs) / len(pairs) if pairs else math.nan
 
 
-def measure_ngram(target, draft, workloads: dict[str, dict], params: dict) -> dict:
+def measure_copy_rate(model, workload: dict, new_tokens: int) -> float:
+    """How much of the paragraph ``model`` reproduces in its place when a ``copia`` workload asks
+    it to repeat it: plain greedy decoding of ``new_tokens`` tokens per prompt (``copy_rate``)."""
+    outputs = [generate(model, p, new_tokens)[0] for p in workload["prompts"]]
+    return copy_rate(outputs, workload["expected"])
+
+
+def measure_ngram(target, draft, workloads: dict[str, dict], params: dict, base=None) -> dict:
     """For each workload and each k in ``ngram_ks``: every prompt served alone by an engine
     plainly, with n-gram proposals and with the draft model, interleaved prompt by prompt over
     ``ngram_repeats`` rounds after a warm-up; wall milliseconds (one paired sample per round and
-    prompt), proposals, acceptances, engine steps, and output equality with plain greedy."""
+    prompt), proposals, acceptances, engine steps, and output equality with plain greedy. With
+    ``base`` (another model, ``params["model"]``), its copy fraction on the ``copia`` workload
+    too: what the same workload would give a model that did not learn to copy."""
     n_new = params["ngram_tokens"]
     sp = SamplingParams(max_tokens=n_new, ignore_eos=True)
     methods = {"plain": lambda k: None,
@@ -296,8 +309,12 @@ def measure_ngram(target, draft, workloads: dict[str, dict], params: dict) -> di
                 "identical": f["outputs"] == plain} for m, f in facts.items() if m != "plain"}})
         out[name] = {"prompts": len(w["prompts"]), "per_k": rows,
                      "copy_rate": None if w["expected"] is None else copy_rate(plain, w["expected"])}
-    return {"tokens_per_request": n_new, "repeats": params["ngram_repeats"],
-            "window": list(NGRAM_WINDOW), "workloads": out}
+    result = {"model": params["ngram_model"], "tokens_per_request": n_new,
+              "repeats": params["ngram_repeats"], "window": list(NGRAM_WINDOW), "workloads": out}
+    if base is not None and "copia" in workloads:
+        result["base"] = {"model": params["model"],
+                          "copy_rate": measure_copy_rate(base, workloads["copia"], n_new)}
+    return result
 
 
 def ngram_verdicts(ngram: dict) -> dict[str, claims.Claim]:
@@ -329,12 +346,20 @@ def ngram_sentence(ngram: dict, found: dict[str, claims.Claim]) -> str:
                      "por paso)")
     text = "En esta máquina, " + "; ".join(parts) + "."
     copied = ngram["workloads"].get("copia", {}).get("copy_rate")
+    model = ngram.get("model", "el modelo")
     if copied is not None:
-        text += (f" Al pedirle que repita el párrafo, el modelo reproduce el "
+        text += (f" Al pedirle que repita el párrafo, {model} reproduce el "
                  f"{es(100 * copied, 0)} % de sus tokens en su sitio: ")
-        text += ("copia, y el n-grama propone justo lo que va a escribir." if copied >= 0.5 else
+        text += ("copia, y el n-grama propone justo lo que va a escribir." if copied >= COPIES else
                  "no copia, así que las propuestas copiadas del contexto casi nunca son su "
                  "siguiente token.")
+    base = ngram.get("base")
+    if base is not None and base["model"] != model:
+        text += (f" Con el mismo pedido, {base['model']} reproduce el "
+                 f"{es(100 * base['copy_rate'], 0)} %: ")
+        text += ("también copia." if base["copy_rate"] >= COPIES else
+                 "nunca aprendió a copiar, y con él las propuestas del n-grama casi nunca "
+                 "serían su siguiente token.")
     return text
 
 
@@ -729,10 +754,10 @@ def _limitations(f: Findings) -> list[str]:
         "libro, con prompts cortos; otro texto da otro α.",
         "La predicción de la H100 usa el roofline de la hoja de datos sin sobrecarga y un α "
         "supuesto, no medido con esos modelos.",
-        "Las cargas «copia» y «libre» salen del texto reservado del corpus y las sirve un modelo "
-        "de unos pocos millones de parámetros: lo que gana el n-grama depende de cuánto copie el "
-        "modelo (la fracción copiada medida), y un modelo grande que copie puede dar otro "
-        "resultado.",
+        f"Las cargas «copia» y «libre» salen del texto reservado del corpus y las sirve "
+        f"{f.ngram['model']}, un modelo de unos pocos millones de parámetros: lo que gana el "
+        "n-grama depende de cuánto copie el modelo (la fracción copiada medida), y un modelo "
+        "grande, que copia sin que se lo hayan enseñado aparte, puede dar otro resultado.",
         timing_limitation(f.timing["repeats"]),
         threads_limitation(f.timing["torch_threads"]),
     ]
@@ -741,7 +766,8 @@ def _limitations(f: Findings) -> list[str]:
 def report(f: Findings) -> dict:
     """The contract's body from the lab's findings."""
     return {
-        "environment": {"model": f.params["model"], "draft": f.params["draft"]},
+        "environment": {"model": f.params["model"], "draft": f.params["draft"],
+                        "ngram_model": f.params["ngram_model"]},
         "results": _results(f),
         "evidence": _acceptance_evidence(f) + _speed_evidence(f),
         "limitations": _limitations(f),
@@ -773,9 +799,12 @@ def run(seed: int, profile: str, params: dict, device: torch.device) -> dict:
         engine = measure_engine(target, draft, prompts, params)
         dist = measure_distribution(params, seed)
         h100 = h100_prediction(params, main_row(acceptance, params["h100_k"])["alpha"])
-        separator = load_tokenizer(params["model"]).encode("\n\n", add_bos=False)
-        ngram = measure_ngram(target, draft, ngram_workloads(params["model"], params["ngram_prompts"],
-                                                             params["ngram_passage"], separator), params)
+        separator = load_tokenizer(params["ngram_model"]).encode("\n\n", add_bos=False)
+        copier = (target if params["ngram_model"] == params["model"]
+                  else load_model(params["ngram_model"], seed, device, dtype=dtype))
+        ngram = measure_ngram(copier, draft, ngram_workloads(params["ngram_model"], params["ngram_prompts"],
+                                                             params["ngram_passage"], separator),
+                              params, base=target)
     return report(Findings.from_measurements(params, acceptance, costs, timing, engine, dist,
                                              h100, ngram))
 
@@ -815,6 +844,8 @@ SPEC = LabSpec(
         "gof_vocab": Param(6, int, "vocabulario de la prueba de distribución", min=2, max=64),
         "gof_samples": Param(20000, int, "muestras de la prueba de distribución", min=100,
                              max=10**7, by_profile={"ci": 8000}),
+        "ngram_model": Param("tiny-es-copy", str, "modelo objetivo de las cargas copia y libre "
+                             "(mismo tokenizador que el borrador)", choices=("tiny-es-copy", "tiny-es")),
         "ngram_ks": Param([2, 4], int, "k del n-grama y del borrador en las cargas copia y libre",
                           min=1, max=16, is_list=True, by_profile={"ci": [3]}),
         "ngram_prompts": Param(6, int, "párrafos del texto reservado por carga", min=1, max=64,

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 SHIPPED_ROOT = Path(__file__).resolve().parent / "shipped"
-SHIPPED_MODELS = ("tiny-es", "tiny-es-draft")
+SHIPPED_MODELS = ("tiny-es", "tiny-es-draft", "tiny-es-copy")
 HELD_OUT_FILE = "held_out.json"  # the validation split, written by scripts/export_held_out.py
 
 
