@@ -243,9 +243,46 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: run_order(item.nodeid))  # stable within each rank
 
 
+# Where the two workers spent the run: each test report that reaches the controller (xdist)
+# with the worker that ran it, its module and its seconds (setup + call + teardown), and when
+# it arrived. The closing lines then say how busy each worker was and which modules cost most,
+# so that the suite's schedule can be balanced from a measured run (see FIRST_MODULES).
+_REPORTS: list[tuple[str, str, float, float]] = []
+_START = time.monotonic()
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # set by xdist on the controller only
+    if node is not None:
+        worker = getattr(getattr(node, "gateway", None), "id", "?")
+        _REPORTS.append((worker, report.nodeid.split("::")[0], float(report.duration),
+                         time.monotonic() - _START))
+
+
+def schedule_lines(reports: list[tuple[str, str, float, float]], top: int = 8) -> list[str]:
+    """Per worker: seconds inside its tests and when its last report arrived (seconds from the
+    session's start); then the ``top`` modules by seconds, with their worker."""
+    lines = []
+    for worker in sorted({r[0] for r in reports}):
+        mine = [r for r in reports if r[0] == worker]
+        lines.append(f"worker {worker}: {sum(r[2] for r in mine):.0f} s in {len(mine)} test phases, "
+                     f"last at {max(r[3] for r in mine):.0f} s")
+    modules: dict[tuple[str, str], float] = {}
+    for worker, module, seconds, _ in reports:
+        modules[(module, worker)] = modules.get((module, worker), 0.0) + seconds
+    for (module, worker), seconds in sorted(modules.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {seconds:7.1f} s  {module} ({worker})")
+    return lines
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """The suite's closing lines: the book build's wall time and each page's execution, on this
     machine (the budgets are held by tests/test_book.py)."""
+    try:  # a diagnostic: it never fails the run
+        for line in schedule_lines(_REPORTS):
+            terminalreporter.write_line(line)
+    except Exception as err:  # noqa: BLE001
+        terminalreporter.write_line(f"(no schedule summary: {err})")
     factory = getattr(config, "_tmp_path_factory", None)
     if factory is None:
         return
