@@ -194,6 +194,8 @@ def test_saturated_throughput_counts_completions_while_no_row_is_free():
     # the admission is what counts, not the arrival (an open loop's queue waits)
     assert saturated_throughput([_timed(0, 0, 1), _timed(0.1, 2, 2.5), _timed(0.2, 4, 6)]) == \
         pytest.approx(1 / 3)
+    # the closed loop's capacity ends its window at the last send instead
+    assert saturated_throughput(reqs, until=2) == pytest.approx(1 / 1)
 
 
 @pytest.mark.parametrize("ratio,outcome", [(15.1, claims.PASSED), (1.2, claims.FAILED)])

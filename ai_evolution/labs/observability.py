@@ -109,6 +109,21 @@ def warm_up(make_engine: Callable, clients: int, prompt_len: int, output_len: in
     run_closed_loop(make_engine(), clients, clients, lambda i: items[i])
 
 
+def saturated_throughput(reqs: list, until: float | None = None) -> float:
+    """Completions per second between the first completion and ``until`` (default: the last
+    admission, when the last request was scheduled), while the server had no free row; the whole
+    run's completions per second when that window holds no completion (a run that never filled
+    the server, or too few requests for a full window)."""
+    finishes = sorted(r.finish_time for r in reqs)
+    if until is None:
+        until = max(r.arrival_time if r.first_scheduled_time is None else r.first_scheduled_time
+                    for r in reqs)
+    in_window = sum(1 for f in finishes if finishes[0] < f <= until)
+    if until > finishes[0] and in_window:
+        return in_window / (until - finishes[0])
+    return float(summarize(reqs)["throughput_req_s"])
+
+
 def measure_capacity(make_engine: Callable, clients: int, total_requests: int, prompt_len: int,
                      output_len: int, vocab_size: int, seed: int, progress: bool = False
                      ) -> tuple[dict, list]:
@@ -116,14 +131,8 @@ def measure_capacity(make_engine: Callable, clients: int, total_requests: int, p
     items = _items(total_requests, prompt_len, output_len, vocab_size, run_seed(seed, _CLOSED))
     reqs = run_closed_loop(make_engine(), clients, total_requests, lambda i: items[i], seed=seed,
                            progress=progress, desc=f"bucle cerrado ({clients} clientes)")
-    finishes = sorted(r.finish_time for r in reqs)
-    first_finish, last_send = finishes[0], max(r.arrival_time for r in reqs)
-    in_window = sum(1 for f in finishes if first_finish < f <= last_send)
     stats = summarize(reqs)
-    if last_send > first_finish and in_window:
-        capacity = in_window / (last_send - first_finish)
-    else:  # too few requests for a full window: the whole run
-        capacity = stats["throughput_req_s"]
+    capacity = saturated_throughput(reqs, until=max(r.arrival_time for r in reqs))  # last send
     mean_e2e = float(np.mean([r.e2e_latency for r in reqs]))
     return {"clients": clients, "requests": len(reqs), "capacity_req_s": capacity,
             "capacity_tok_s": capacity * output_len, "overall_req_s": stats["throughput_req_s"],
@@ -142,19 +151,6 @@ def poisson_run(make_engine: Callable, n: int, rate: float, prompt_len: int, out
                                arrivals_fn=arrivals_fn)
     reqs = run_open_loop(make_engine(), items, progress=progress, desc=desc or f"{es(rate, 1)} pet/s")
     return Run(fraction, rate, seed, [i.arrival_time for i in items], reqs)
-
-
-def saturated_throughput(reqs: list) -> float:
-    """Completions per second between the first completion and the last admission (the last
-    request to be scheduled), while the server had no free row; the whole run's completions per
-    second when that window holds no completion (a run that never filled the server)."""
-    finishes = sorted(r.finish_time for r in reqs)
-    admitted = max(r.arrival_time if r.first_scheduled_time is None else r.first_scheduled_time
-                   for r in reqs)
-    in_window = sum(1 for f in finishes if finishes[0] < f <= admitted)
-    if admitted > finishes[0] and in_window:
-        return in_window / (admitted - finishes[0])
-    return float(summarize(reqs)["throughput_req_s"])
 
 
 def capacity_pairs(make_engine: Callable, capacity_req_s: float, fraction: float, pairs: int,
