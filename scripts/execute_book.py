@@ -8,11 +8,14 @@ exactly once per build. A page that fails is not cached; the script says which a
 build would re-execute it and fail with myst-nb's message).
 
 It writes ``<out>/_build/execution_times.json``: the wall time and the kernel's CPU time of every
-page it executed, the lab kind of each lab page, and the total wall time (`tests/test_book.py`
-holds each lab's CPU time to its ``ci`` budget: wall time on a shared machine depends on what
-else runs, CPU time much less).
+page it executed, the lab kind of each lab page, the total wall time and this machine's
+calibration (:func:`calibrate`: a fixed workload's CPU seconds against the reference machine's).
+`tests/test_book.py` holds each lab's CPU time to its ``ci`` budget scaled by that calibration:
+wall time on a shared machine depends on what else runs, CPU time much less, and CPU time on a
+slow core grows for the lab and the calibration alike.
 
     python scripts/execute_book.py [--path-output OUT] [--jobs 2]
+    python scripts/execute_book.py --calibrate 5     # the calibration workload alone
 """
 
 from __future__ import annotations
@@ -158,6 +161,9 @@ def execute_book(out: Path, jobs: int = 2, root: Path = ROOT, timeout: int = 600
         except KeyError:
             todo.append((path, nb))
     todo.sort(key=lambda item: -expected_seconds(kinds[str(item[0].relative_to(root))]))
+    calibration = calibrate()
+    log(f"calibración: {calibration['cpu_s']:.2f} s de CPU (referencia "
+        f"{calibration['reference_cpu_s']:.2f} s): presupuestos `ci` × {calibration['factor']:.2f}")
     # One torch (OpenMP) thread per kernel: two kernels of two threads each on two cores spin
     # against each other (see tests/conftest.py).
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -187,10 +193,67 @@ def execute_book(out: Path, jobs: int = 2, root: Path = ROOT, timeout: int = 600
             page[key] = round(page[key], 2)
         del page["began"], page["ended"]
     report = {"jobs": jobs, "wall_s": round(time.perf_counter() - start, 2), "pages": pages,
-              "failed": sorted(failed), "cpu": cpu_model()}
+              "failed": sorted(failed), "cpu": cpu_model(),
+              "calibration": calibration}
     (build / TIMES_FILE).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n",
                                     encoding="utf-8")
     return report
+
+
+# The machine the labs' `ci` budgets (``LabSpec.ci_budget_s``) are stated for, and the CPU
+# seconds its core takes for the calibration workload (the smallest of its repetitions), measured
+# there with nothing else running. A build on another machine scales the budgets by its own
+# calibration over this one (`tests/test_book.py`), so that "twice the budget" means the same
+# amount of work on a fast core and on a slow one.
+REFERENCE_MACHINE = "AMD EPYC, family 25 (Zen 3, AVX2), 2-core VM; 2026-12-02, idle"
+REFERENCE_CALIBRATION_CPU_S = 0.68
+
+
+def calibration_workload(repeats: int = 5) -> list[float]:
+    """CPU seconds of each repetition of a fixed piece of lab-like work on one torch thread:
+    greedy decoding of 48 tokens for 4 prompts of 48 tokens on the shipped tiny-es model (Python
+    overhead and small matmuls, as in the labs), after a warm-up."""
+    import torch
+
+    from ai_evolution.generation import generate
+    from ai_evolution.model.checkpoint import load_pretrained
+
+    torch.set_num_threads(1)
+    model = load_pretrained("tiny-es")
+    prompts = torch.randint(3, model.config.vocab_size, (4, 48),
+                            generator=torch.Generator().manual_seed(0)).tolist()
+    generate(model, prompts, 4)
+    seconds = []
+    for _ in range(repeats):
+        began = time.process_time()
+        generate(model, prompts, 48)
+        seconds.append(time.process_time() - began)
+    return seconds
+
+
+def calibrate(repeats: int = 5) -> dict:
+    """The calibration workload in a fresh process with one OpenMP thread (as every kernel of
+    the build): its CPU seconds (the smallest repetition: the others met more interference),
+    the reference's, and their ratio, by which the `ci` budgets are scaled on this machine."""
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--calibrate",
+                           str(repeats)], env=env, capture_output=True, text=True, timeout=600,
+                          check=True)
+    seconds = json.loads(done.stdout.strip().splitlines()[-1])
+    best = round(min(seconds), 3)
+    return {"cpu_s": best, "samples": [round(s, 3) for s in seconds],
+            "reference_cpu_s": REFERENCE_CALIBRATION_CPU_S, "reference": REFERENCE_MACHINE,
+            "factor": round(best / REFERENCE_CALIBRATION_CPU_S, 3)}
+
+
+def over_budget(cpu_seconds: dict[str, float], budgets: dict[str, float],
+                factor: float) -> dict[str, str]:
+    """The labs whose kernel took more than twice their `ci` budget (reference-machine seconds)
+    scaled by this machine's calibration ``factor``, each with its numbers."""
+    return {lab: f"{s:.0f} s > 2 × {budgets[lab]:.0f} s × {factor:.2f}"
+            for lab, s in cpu_seconds.items() if s > 2 * budgets[lab] * factor}
 
 
 def cpu_model() -> str:
@@ -211,7 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path-output", type=Path, default=ROOT,
                         help="folder holding _build (as jupyter-book's --path-output)")
     parser.add_argument("--jobs", type=int, default=2, help="pages executed at once")
+    parser.add_argument("--calibrate", type=int, metavar="REPEATS",
+                        help="only run the calibration workload and print its CPU seconds")
     args = parser.parse_args(argv)
+    if args.calibrate:
+        print(json.dumps(calibration_workload(args.calibrate)))
+        return 0
     report = execute_book(args.path_output, args.jobs)
     print(f"{len(report['pages'])} páginas ejecutadas en {report['wall_s']:.0f} s "
           f"con {report['jobs']} procesos")

@@ -299,5 +299,9 @@ def pytest_terminal_summary(terminalreporter, config):
         write(f"book build: {report.get('build_s', '?')} s in all, pages executed in "
               f"{report.get('wall_s', '?')} s with {report.get('jobs', '?')} processes "
               f"(CPU: {report.get('cpu', '?')}, {os.cpu_count()} cores)")
+        calibration = report.get("calibration") or {}
+        write(f"calibration: {calibration.get('cpu_s', '?')} s of CPU against the reference's "
+              f"{calibration.get('reference_cpu_s', '?')} s ({calibration.get('reference', '?')}): "
+              f"`ci` budgets × {calibration.get('factor', '?')}")
         for page, item in sorted(report.get("pages", {}).items(), key=lambda kv: -kv[1]["seconds"]):
             write(f"  {item['seconds']:7.1f} s ({item.get('cpu_seconds', 0):6.1f} s CPU)  {page}")

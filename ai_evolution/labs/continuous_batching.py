@@ -551,7 +551,7 @@ SPEC = LabSpec(
     title="Batching continuo",
     chapter=3,
     folder="labs/03-continuous-batching",
-    ci_budget_s=90,
+    ci_budget_s=185,
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo servido (pesos aleatorios salvo tiny-es)",

@@ -395,7 +395,7 @@ SPEC = LabSpec(
     title="Más allá de una GPU",
     chapter=13,
     folder="labs/13-distributed",
-    ci_budget_s=75,
+    ci_budget_s=45,
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo servido con TP=1 y TP=2", choices=SERVED_MODELS),

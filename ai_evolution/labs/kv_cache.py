@@ -443,7 +443,7 @@ SPEC = LabSpec(
     title="La caché KV",
     chapter=2,
     folder="labs/02-kv-cache",
-    ci_budget_s=60,
+    ci_budget_s=70,
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo de las mediciones (tiny-es y los de Qwen: pesos "

@@ -690,7 +690,7 @@ SPEC = LabSpec(
     title="Observabilidad y pruebas de carga",
     chapter=6,
     folder="labs/06-observability",
-    ci_budget_s=45,
+    ci_budget_s=70,
     run=run,
     params={
         "model": Param("tiny-es", str, "modelo servido (los de Qwen se descargan del Hub de "

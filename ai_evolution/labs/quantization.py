@@ -843,7 +843,7 @@ SPEC = LabSpec(
     title="Cuantización",
     chapter=7,
     folder="labs/07-quantization",
-    ci_budget_s=50,
+    ci_budget_s=70,
     run=run,
     params={
         "speed_model": Param("cpu-200m", str, "modelo de las mediciones de velocidad (pesos "

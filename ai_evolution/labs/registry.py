@@ -118,8 +118,9 @@ class LabSpec:
     params: dict[str, Param]
     run: Callable[..., dict]
     # CPU seconds the lab's notebook (its kernel, one torch thread) takes in the `ci` profile on
-    # CI's machine (measured by the book build, `scripts/execute_book.py`); the book test fails
-    # a lab that takes twice as long.
+    # the reference machine (`REFERENCE_MACHINE` of `scripts/execute_book.py`, measured by its
+    # book build); the book test fails a lab that takes twice as long, scaled by the build
+    # machine's calibration against the reference (a faster core gets a smaller budget).
     ci_budget_s: float = 60.0
 
     def resolve_params(self, profile: str, given: dict[str, Any]) -> dict[str, Any]:

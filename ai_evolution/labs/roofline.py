@@ -697,7 +697,7 @@ SPEC = LabSpec(
     title="Prefill y decodificación",
     chapter=1,
     folder="labs/01-prefill-decode",
-    ci_budget_s=75,
+    ci_budget_s=115,
     run=run,
     params={
         "model": Param("cpu-200m", str, "modelo medido (pesos aleatorios salvo tiny-es)",
