@@ -1208,11 +1208,11 @@ def realistic_folder(folder: Path) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def realistic(graded_kv_cache):
-    return graded_kv_cache["out"], graded_kv_cache["elapsed"]
+    return graded_kv_cache["out"]
 
 
 def test_solution_untouched_and_broken_notebooks_get_the_right_rows(realistic):
-    out, elapsed = realistic
+    out = realistic
     a = find_assessment("kv_cache")
     book = rows(out / "gradebook.csv")
     book = {sid: book[sid] for sid in ("rota", "sin_tocar", "solucion")}
@@ -1231,7 +1231,6 @@ def test_solution_untouched_and_broken_notebooks_get_the_right_rows(realistic):
     untouched_fb = (out / "feedback" / "sin_tocar.md").read_text(encoding="utf-8")
     assert untouched_fb.count("ejercicio sin resolver") == 4
     assert (out / "executed" / "solucion.ipynb").is_file()
-    assert elapsed < 900  # the whole adversarial run (see test_grading_adversarial)
 
 
 def cheap_folder(folder: Path) -> None:

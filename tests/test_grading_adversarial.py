@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -381,6 +382,12 @@ def rows(gradebook: Path) -> dict[str, dict]:
         return {r["student_id"]: r for r in csv.DictReader(fh)}
 
 
+def submission_seconds(log: str) -> dict[str, int]:
+    """Each submission's wall seconds, from the grader's progress lines (``[k/n] id: …(N s)``)."""
+    return {m[1]: int(m[2]) for m in re.finditer(r"^\[\d+/\d+\] (\S+): .*\((\d+) s\)$", log,
+                                                 re.M)}
+
+
 def grade_attacks(base: Path) -> dict:
     """Every attack, the honest notebook and the realistic submissions of test_grading (lab 2's
     real solution, its untouched student copy, a broken solution) graded in one CLI run
@@ -418,11 +425,13 @@ def test_the_grader_writes_a_gradebook_and_survives_every_attack(attacked):
     assert sorted(book) == sorted(attacked["most"])
     assert not attacked["survivors"], attacked["survivors"]  # the escaped process was killed
     assert {r["isolation"] for r in book.values()} == {isolation()}
-    # About 25 notebooks (cheap attacks of ~10 s each, pathological files refused before any run,
-    # lab 2 in full ~30 s) on two workers, each followed by its checker and function worker
-    # (~10-30 s: two interpreters, the model for the attention step); the stopped worker is
-    # killed 3 s after it stops, not at its limit.
-    assert attacked["elapsed"] < 900
+    # The stopped (SIGSTOP) and the killed worker end their run when they stop, not at the run's
+    # 300 s limit: each submission's seconds, from the grader's log (the files carry no timings).
+    # A cheap attack takes ~10-60 s with its checker, by the machine and what runs beside it.
+    seconds = submission_seconds(done.stderr)
+    assert sorted(seconds) == sorted(attacked["most"]), done.stderr[-3000:]
+    for sid in ("para_worker", "mata_worker"):
+        assert seconds[sid] < 150, (sid, seconds[sid])
 
 
 def test_no_attack_scores_above_its_honest_content(attacked):

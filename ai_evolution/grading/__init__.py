@@ -46,6 +46,7 @@ import json
 import re
 import shutil
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
@@ -233,6 +234,7 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
     def job(item) -> Grade:
         n, sub = item
         sid, data = sub.student_id, contents[sub.student_id]
+        began = time.monotonic()
         try:
             if isinstance(data, Refused):
                 grade = not_graded(sid, sub.shown, "refused", str(data), assessment, seed)
@@ -248,8 +250,10 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
                                f"{clean(err, 200)}); el resto de la clase se corrigió. Avise "
                                "a quien mantiene el corrector.", assessment, seed)
         if log is not None:
+            # The seconds go to the log only: the written files carry no timings.
             print(f"[{n + 1}/{len(submissions)}] {sid}: {grade.status}, "
-                  f"{grade.total:g} de {grade.max_total:g}", file=log, flush=True)
+                  f"{grade.total:g} de {grade.max_total:g} ({time.monotonic() - began:.0f} s)",
+                  file=log, flush=True)
         return grade
 
     try:
