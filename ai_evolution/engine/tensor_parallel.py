@@ -42,6 +42,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..model.checkpoint import meta_modules
 from ..model.config import ModelConfig
 from ..model.decoder import Transformer
 from ..model.memory import allreduce_bytes_per_step, allreduce_bytes_per_token
@@ -195,7 +196,7 @@ def shard_state_dict(model: Transformer, rank: int, n: int) -> dict[str, Tensor]
 def load_shard(full_config: ModelConfig, state: dict[str, Tensor], rank: int, n: int,
                device: torch.device | str, dtype: torch.dtype) -> ShardedTransformer:
     """Build rank ``rank``'s ``ShardedTransformer`` from its sliced ``state`` on ``device``."""
-    with torch.device("meta"):
+    with meta_modules():
         model = ShardedTransformer(full_config, rank, n)
     model.load_state_dict(state, assign=True, strict=True)
     return model.to(device=device, dtype=dtype).eval()

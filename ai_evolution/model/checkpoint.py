@@ -7,11 +7,13 @@ A checkpoint folder holds ``config.json`` and either ``model.safetensors`` or sh
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch.overrides import TorchFunctionMode
 
 from .config import ModelConfig
 from .decoder import Transformer
@@ -34,9 +36,36 @@ class CheckpointError(ValueError):
     """A checkpoint folder exists but its content does not match the model it describes."""
 
 
+class _SkipInit(TorchFunctionMode):
+    """Inside :func:`_empty_model`: the modules' default initialisation of their meta tensors
+    (``nn.init``'s in-place draws and fills) is skipped. On the meta device there is nothing to
+    draw, but torch routes those ops through its Python reference implementations, whose first
+    use imports ``torch._dynamo``: about 3 s of CPU in every fresh process that builds a model
+    (each kernel, each grading checker)."""
+
+    SKIPPED = frozenset({"normal_", "uniform_", "fill_", "zero_", "kaiming_uniform_",
+                         "trunc_normal_", "ones_", "zeros_"})  # nn.init's and Tensor's in-place
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")
+        if (getattr(func, "__name__", None) in self.SKIPPED and isinstance(target, torch.Tensor)
+                and target.is_meta):
+            return target
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def meta_modules():
+    """Modules built inside are on the meta device, without their default initialisation:
+    shapes only, for weights that are loaded or drawn afterwards."""
+    with torch.device("meta"), _SkipInit():
+        yield
+
+
 def _empty_model(config: ModelConfig, device: str | torch.device) -> Transformer:
     # Build on the meta device so no memory is written twice (default init, then ours).
-    with torch.device("meta"):
+    with meta_modules():
         model = Transformer(config)
     model = model.to_empty(device=device)
     model.tie_weights()  # to_empty from meta allocates new parameters, which unties them
