@@ -250,10 +250,11 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
                                f"{clean(err, 200)}); el resto de la clase se corrigió. Avise "
                                "a quien mantiene el corrector.", assessment, seed)
         if log is not None:
-            # The seconds go to the log only: the written files carry no timings.
-            print(f"[{n + 1}/{len(submissions)}] {sid}: {grade.status}, "
-                  f"{grade.total:g} de {grade.max_total:g} ({time.monotonic() - began:.0f} s)",
-                  file=log, flush=True)
+            # The seconds go to the log only: the written files carry no timings. One write per
+            # line, so that the lines of two jobs do not interleave.
+            log.write(f"[{n + 1}/{len(submissions)}] {sid}: {grade.status}, "
+                      f"{grade.total:g} de {grade.max_total:g} ({time.monotonic() - began:.0f} s)\n")
+            log.flush()
         return grade
 
     try:
