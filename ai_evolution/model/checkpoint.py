@@ -67,8 +67,11 @@ def _empty_model(config: ModelConfig, device: str | torch.device) -> Transformer
     # Build on the meta device so no memory is written twice (default init, then ours).
     with meta_modules():
         model = Transformer(config)
-    model = model.to_empty(device=device)
-    model.tie_weights()  # to_empty from meta allocates new parameters, which unties them
+    # Fresh storage for every meta tensor from the factory, not `to_empty`: its `empty_like` on a
+    # meta tensor runs torch's Python reference, whose first use imports sympy (about 0,5 s of
+    # CPU in every fresh process that builds a model).
+    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+    model.tie_weights()  # new parameters untie the shared head
     return model
 
 
