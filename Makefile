@@ -11,6 +11,12 @@ BOOK_JOBS ?= 2
 # Edition of the book: full (lab pages show the solutions) or student (lab pages show the
 # student notebooks' code, for a cohort: `make book EDITION=student`; see _ext/lab_pages.py).
 EDITION ?= full
+# Bytecode is cached (in the tree's ignored __pycache__ folders) also where the environment says
+# PYTHONDONTWRITEBYTECODE: otherwise every pytest worker rewrites the asserts of every test module
+# again (about 6 s of CPU each) and every kernel, script and test process compiles the package.
+# Grading sandboxes still write none (ai_evolution/grading/sandbox.py); the stripped library a
+# function worker sees is copied without __pycache__.
+unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := book
 .PHONY: book test check student sync outputs release clean venv
@@ -39,7 +45,8 @@ test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=15
 
 # The everyday tier while editing: unit, property, engine, server and lab tests; no notebook
-# execution, no book build, no grading kernels (those are marked `slow`, see tests/conftest.py).
+# execution, no book build, no grading kernels, no Chromium, no second run of a whole lab (those
+# are marked `slow`, see tests/conftest.py).
 # Two workers (pytest-xdist): every test in this tier is independent of the others' process.
 check: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m "not slow" -n 2 --durations=10

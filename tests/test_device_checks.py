@@ -12,6 +12,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import device_checks  # noqa: E402
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_every_check_passes_on_the_cpu_and_prints_a_row(capsys, one_thread):
     assert device_checks.main(["--device", "cpu", "--quick", "--no-hf"]) == 0
     out = capsys.readouterr().out

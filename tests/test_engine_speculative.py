@@ -246,6 +246,7 @@ def exact_pair_distribution(model, prompt, temperature):
 INIT_STD = 0.3  # flat enough that proposals are often neither sure nor hopeless
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_sampled_speculation_emits_the_targets_distribution(method):
     vocab, temperature, n = 6, 1.0, 4000

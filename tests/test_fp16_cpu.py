@@ -71,6 +71,7 @@ ENGINE_LABS = ("kv_cache", "continuous_batching", "paged_attention", "scheduler"
                "speculative", "operations")
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 @pytest.mark.parametrize("kind", ENGINE_LABS)
 def test_engine_labs_run_in_fp16_and_their_claims_hold(kind, monkeypatch):
     """``model_dtype="fp16"``: what ``auto`` picks on a T4. Every forward pass of the lab runs on

@@ -174,10 +174,12 @@ def explorer_problems(explorers: list[Explorer], folder, max_keys: int = 40) -> 
     return problems
 
 
+@pytest.mark.slow  # Chromium: `make test` only
 def test_the_toy_explorer_works_offline_in_chromium(tmp_path):
     assert explorer_problems([toy_explorer()], tmp_path) == []
 
 
+@pytest.mark.slow  # Chromium: `make test` only
 def test_the_driver_sees_a_wrong_readout_and_a_network_request(tmp_path):
     ex = toy_explorer()
     lying = Explorer("toy", ex.figure, ex.controls, ex.readout_labels,
@@ -217,6 +219,7 @@ def test_the_memory_explorer_opens_on_the_worked_example_and_reuses_the_library(
     assert ex.readouts(gpu=0, model=2)["Memoria para la caché KV"] == "los pesos no caben"
 
 
+@pytest.mark.slow  # Chromium: `make test` only
 def test_the_memory_explorer_in_chromium(tmp_path):
     ex, _ = memory_explorer_and_examples()
     assert explorer_problems([ex], tmp_path) == []
@@ -252,6 +255,7 @@ def test_the_batching_explorer_reads_the_contract():
         batching_explorer(bad)
 
 
+@pytest.mark.slow  # Chromium: `make test` only
 def test_the_batching_explorer_in_chromium(tmp_path):
     from ai_evolution.plots.explorers import batching_explorer
     assert explorer_problems([batching_explorer(fake_roofline_results())], tmp_path) == []
@@ -277,6 +281,7 @@ def test_the_poisson_explorer_sorts_runs_by_realised_rate_and_reads_the_contract
     assert r["Capacidad (bucle cerrado)"] == "64 tokens/s"
 
 
+@pytest.mark.slow  # Chromium: `make test` only
 def test_the_poisson_explorer_in_chromium(tmp_path):
     from ai_evolution.plots.explorers import poisson_explorer
     assert explorer_problems([poisson_explorer(fake_observability_study())], tmp_path) == []

@@ -67,6 +67,7 @@ def test_every_claim_of_a_real_contract_is_what_its_numbers_give(contract):
     assert sim["claim"]["outcome"] == ("passed" if v["max_abs_error"] <= SIM_ERROR_LIMIT else "failed")
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_same_seed_gives_the_same_contract_except_volatile_fields(contract):
     again = run_lab("continuous_batching", seed=2, profile="ci", **FAST)
     assert without_volatile(again) == without_volatile(contract)

@@ -45,6 +45,7 @@ def test_a_real_run_gives_bit_equal_logits_with_the_mode_and_rebuilds_its_claims
     assert max(row["max_abs_diff"] for row in r["divergence"]["fp32"]["usual"]) > 0
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_the_same_seed_gives_the_same_contract(contract):
     again = run_lab("determinism", seed=3, profile="ci", **FAST)
     assert without_volatile(again) == without_volatile(contract)

@@ -106,6 +106,7 @@ def test_the_benchmark_verdict_is_the_median_interval_over_seeds(contract):
     assert four.outcome == claims.INCONCLUSIVE and "solo hay un rango" in four.text
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_same_seed_same_contract_except_the_measured_run(contract):
     again = run_lab("operations", seed=1, profile="ci", **FAST)
     assert without_volatile(again) == without_volatile(contract)

@@ -66,6 +66,7 @@ def test_datacenter_paged_admits_more(contract):
     assert dc["paged"]["peak_batch"] > dc["contiguous"]["peak_batch"]
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_same_seed_gives_the_same_contract_except_volatile_fields(contract):
     again = run_lab("paged_attention", seed=1, profile="ci", **FAST)
     assert without_volatile(again) == without_volatile(contract)

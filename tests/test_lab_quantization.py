@@ -61,6 +61,7 @@ def test_every_claim_of_a_real_contract_rebuilds_from_its_inputs(contract):
     assert b["per_step"]["fp32"] == pytest.approx(2 * b["per_step"]["bf16"], rel=1e-3)
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_two_runs_with_one_seed_agree_outside_the_volatile_fields(contract):
     again = run_lab("quantization", seed=3, profile="ci", **FAST)
     assert without_volatile(again) == without_volatile(contract)

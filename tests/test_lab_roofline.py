@@ -46,6 +46,7 @@ def test_every_claim_of_a_real_contract_is_what_its_numbers_give(contract):
                                        "prefill_regime", "gain", "departure"])
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_same_seed_gives_the_same_contract_except_volatile_fields(contract):
     again = run_lab("roofline", seed=1, profile="ci", **FAST)
     assert without_volatile(again) == without_volatile(contract)

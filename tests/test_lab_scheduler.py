@@ -58,6 +58,7 @@ def test_a_small_pool_preempts_but_changes_no_token(contract):
             == big["computed_tokens"] + big["prefix_hit_tokens"])
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_same_seed_gives_the_same_contract_except_volatile_fields(contract):
     assert without_volatile(run_lab("scheduler", seed=4, profile="ci", **FAST)) == without_volatile(contract)
 

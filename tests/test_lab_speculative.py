@@ -57,6 +57,7 @@ def test_every_claim_of_a_real_contract_rebuilds_from_its_inputs(contract):
     assert r["timing"]["torch_threads"] == 1 and len(r["timing"]["ms"]["plain"]) == 2 * 2
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_the_same_seed_gives_the_same_contract_but_the_volatile_fields(contract):
     again = run_lab("speculative", seed=3, profile="ci", **FAST)
     assert without_volatile(again) == without_volatile(contract)

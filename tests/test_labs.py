@@ -88,6 +88,7 @@ def test_schema_rejects_incomplete_student_extension(contract):
         validate_contract(dict(contract, student_extension={"assumption": "algo largo aquí"}))
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_lab_py_twice_with_one_seed_gives_the_same_contract(tmp_path):
     outs = []
     for i in range(2):

@@ -549,6 +549,7 @@ def test_metrics_parse_and_move(server, http):
 
 
 # --- soak ---------------------------------------------------------------------------------------
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_soak_hundreds_of_requests_with_random_disconnects(tok):
     """300 requests from 24 concurrent clients over a small paged cache (12 blocks: preemptions),
     shared prefixes (prefix hits happen), a fifth of them disconnecting at a random point."""

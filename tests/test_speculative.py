@@ -257,6 +257,7 @@ def test_eos_inside_an_accepted_run_stops_there(small_target):
     assert out.steps[-1].accepted == 4 and out.steps[-1].emitted < 5
 
 
+@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
 def test_sampled_speculation_is_seeded_and_distributed_as_the_target():
     """Vocabulary 8: the second generated token's frequencies over 3000 seeded runs against its
     exact distribution sum_t1 p(t1 | prompt) p(t2 | prompt, t1), computed with the target alone."""
