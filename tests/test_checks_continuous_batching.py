@@ -56,7 +56,7 @@ def test_summarize_check_names_each_plausible_mistake(changes, match):
     assert not re.search(r"(?<![\w-])\d+\.\d", result.message), result.message
 
 
-@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
+@pytest.mark.slow  # the lab's whole datacenter simulation: `make test` only
 def test_challenge_gains_are_simulated_once_and_are_ratios():
     from ai_evolution.labs import get_spec
     p = get_spec("continuous_batching").resolve_params("ci", {})

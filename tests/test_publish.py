@@ -162,8 +162,8 @@ def test_a_new_instructor_changes_one_value_and_every_install_cell_and_link_foll
 def _throwaway_repository(tmp_path: Path) -> Path:
     """What the release touches, committed in a fresh git repository of its own."""
     repo = tmp_path / "curso"
-    files = [Path(p) for p in ("Makefile", ".gitignore", "_config.yml", "jupytext.toml", "pyproject.toml",
-                               "CITATION.cff", "ai_evolution/__init__.py", "scripts/release.py",
+    files = [Path(p) for p in ("Makefile", ".gitignore", "_config.yml", "jupytext.toml",
+                               "pyproject.toml", "CITATION.cff", "ai_evolution/__init__.py", "scripts/release.py",
                                "scripts/make_student.py", "_ext/course.py")]
     files += [p.relative_to(ROOT) for md in SOLUTIONS
               for p in (md, md.with_suffix(".ipynb"), make_student.student_path(md))]

@@ -103,7 +103,7 @@ def test_checks_and_hidden_checks_use_the_reference_package():
         assert "checks.reference_" not in text and "checks._reference" not in text, hidden
 
 
-@pytest.mark.slow  # a whole lab, a long soak or a sampling statistic: `make test` only
+@pytest.mark.slow  # the lab's whole datacenter simulation: `make test` only
 def test_the_challenge_gains_are_the_labs_own_datacenter_simulation():
     """The reference of lab 3's challenge simulates what the lab's section 6 simulates: the same
     workload and engine give the same gains, to the last bit."""

@@ -68,7 +68,7 @@ def _empty_model(config: ModelConfig, device: str | torch.device) -> Transformer
     with meta_modules():
         model = Transformer(config)
     # Fresh storage for every meta tensor from the factory, not `to_empty`: its `empty_like` on a
-    # meta tensor runs torch's Python reference, whose first use imports sympy (about 0,5 s of
+    # meta tensor runs torch's Python reference, whose first use imports sympy (about 0.7 s of
     # CPU in every fresh process that builds a model).
     model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     model.tie_weights()  # new parameters untie the shared head
