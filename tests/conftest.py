@@ -166,13 +166,13 @@ def graded_kv_cache(tmp_path_factory, worker_id):
 
 
 # `make check` (the everyday tier) runs `-m "not slow"`: no notebook execution, no book build, no
-# real grading kernels, no process groups (tensor-parallel ranks, replicas behind the router)
+# real grading kernels or checkers, no process groups (tensor-parallel ranks, replicas behind the router)
 # (the modules below), and none of the tests marked `slow` where they are defined: Chromium, a
 # second run of a whole lab (its same-seed reproduction, its run in fp16), a long soak, a
 # sampling statistic over thousands of draws. `make test` runs everything.
 SLOW_MODULES = {"test_book.py", "test_grading.py", "test_grading_adversarial.py",
                 "test_install.py", "test_book_editions.py", "test_tensor_parallel.py",
-                "test_router.py", "test_lab_distributed.py"}
+                "test_router.py", "test_lab_distributed.py", "test_grading_zygote.py"}
 
 # `make test` runs on two workers (pytest-xdist, `--dist loadscope --no-loadscope-reorder`): a
 # module's tests go to one worker (its module fixtures are built once), in the order below.

@@ -727,12 +727,23 @@ def test_a_shard_grades_only_its_students(tmp_path):
 
 # --- every lab's solution, rebuilt from its notebook, passes in the checker -----------------------
 
+@pytest.fixture(scope="module")
+def zygote():
+    """One checker zygote for the module's direct ``check_functions`` calls, as one grading run
+    has (ai_evolution/grading/zygote.py)."""
+    from ai_evolution.grading.zygote import checker_zygote
+
+    with checker_zygote() as z:
+        yield z
+
+
 @pytest.mark.parametrize("kind", ["roofline", "kv_cache", "continuous_batching",
                                   "paged_attention", "scheduler", "observability",
                                   "quantization", "flash_attention", "speculative",
                                   "determinism", "hybrid", "operations",
                                   "distributed"])
-def test_each_lab_solution_rebuilt_in_the_checker_gets_every_function_point(kind, tmp_path):
+def test_each_lab_solution_rebuilt_in_the_checker_gets_every_function_point(kind, tmp_path,
+                                                                          zygote):
     """The screen accepts the solutions' exercise cells, the lab's setup imports are enough to
     rebuild them in the function worker (on the library without the lab's references), no
     delegation is seen, and every check passes through the plain-data proxy (~20-60 s a lab)."""

@@ -257,8 +257,11 @@ def grade_folder(kind: str, folder: str | Path, out: str | Path | None = None,
             log.flush()
         return grade
 
+    from .zygote import checker_zygote
+
     try:
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        # One zygote for the run: each checker is a fork of it, without its own imports.
+        with checker_zygote(), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             grades = list(pool.map(job, enumerate(submissions)))
     finally:
         if not keep_scratch:

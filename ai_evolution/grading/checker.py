@@ -58,8 +58,11 @@ class Channel:
         write_all(self.fd, (data + "\n").encode("utf-8"))
 
 
-def checker_main() -> int:
-    job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+def checker_main(job: dict | None = None) -> int:
+    """One checker: the job from stdin (a fresh process) or as given (a fork of the zygote,
+    :mod:`.zygote`, which has imported the modules below already)."""
+    if job is None:
+        job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     from .sandbox import private_stdout, set_limits
 
     channel = Channel(private_stdout())
@@ -138,8 +141,10 @@ def check_functions(assessment, seed: int, extract, stage_limit_s: float, memory
                     nonce: str = "") -> tuple[dict, list[str]]:
     """Outcome per function criterion (``{id: {"passed", "message", ...}}``) and the flags,
     running fresh checker processes until every criterion has one. The checker is trusted (it
-    runs no submitted code) and is not jailed; the worker it starts is."""
+    runs no submitted code) and is not jailed; the worker it starts is. Inside a grading run
+    each checker is forked from the run's zygote (:mod:`.zygote`), else started afresh."""
     from .sandbox import isolation, new_scratch, run_untrusted
+    from .zygote import current as current_zygote
 
     rejected: dict[str, str] = {}
     for r in extract.rejected:  # the last definition of a name decides, as in the kernel
@@ -186,12 +191,21 @@ def check_functions(assessment, seed: int, extract, stage_limit_s: float, memory
             return time.monotonic() - state["since"] > limit
 
         scratch = new_scratch()
+        data = json.dumps(job).encode("utf-8")
+        zygote = current_zygote()
+
+        def fork(env: dict, cwd: Path, log, zygote=zygote, data=data):
+            try:
+                return zygote.spawn(env, cwd, data, log) if zygote else None
+            except OSError:  # the zygote is gone: a fresh process instead
+                return None
+
         try:
             cmd = [sys.executable, "-P", "-m", "ai_evolution.grading.checker"]
-            done = run_untrusted(cmd, json.dumps(job).encode("utf-8"), scratch,
+            done = run_untrusted(cmd, data, scratch,
                                  timeout_s=startup_s + per_criterion_s * len(remaining),
                                  memory_mb=memory_mb, log_path=log_dir / "checker.log",
-                                 on_line=on_line, stop=too_long)
+                                 on_line=on_line, stop=too_long, spawn=fork)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         for event in events:

@@ -5,10 +5,12 @@ What runs under it, for one submission::
     grader (this process)
       ├─ [bwrap] worker that executes the notebook (:mod:`.notebook`)
       │    └─ kernel (ipykernel, started by papermill)
-      └─ checker (trusted, runs no submitted code): ``python -m ai_evolution.grading.checker``
-           └─ [bwrap] function worker: ``python -m ai_evolution.grading.worker functions``, the
-                      exercise statements rebuilt from the submitted file, on a library
-                      without the reference answers (see ``checker``, ``proxy``, ``stripped``)
+      └─ zygote (trusted, one per grading run, :mod:`.zygote`): the checker's imports, once
+           └─ checker (trusted, runs no submitted code): a fork of the zygote (where there is
+              │         none, ``python -m ai_evolution.grading.checker``)
+              └─ [bwrap] function worker: ``python -m ai_evolution.grading.worker functions``,
+                         the exercise statements rebuilt from the submitted file, on a library
+                         without the reference answers (``checker``, ``proxy``, ``stripped``)
 
 Isolation (:func:`isolation`): where ``bwrap`` (bubblewrap) works, each process runs in its own
 PID, network, IPC and UTS namespaces, with the library, the virtual environment and the Python
@@ -354,7 +356,7 @@ class Finished:
 
 
 def run_untrusted(cmd: list[str], job: bytes, scratch: Path, timeout_s: float, memory_mb: int,
-                  log_path: Path, on_line=None, stop=None) -> Finished:
+                  log_path: Path, on_line=None, stop=None, spawn=None) -> Finished:
     """Run ``cmd`` (a worker or checker) with ``job`` on stdin; collect its stdout; kill it
     and everything it started at the deadline, past the memory bound, or when ``stop()`` says
     so; then kill whatever it left behind. A process of the run that stays stopped (SIGSTOP)
@@ -362,7 +364,9 @@ def run_untrusted(cmd: list[str], job: bytes, scratch: Path, timeout_s: float, m
     in the run can make progress again. ``on_line(bytes)`` sees each stdout line as it comes.
     Within :func:`submission_limits`, the submission's budget shortens the deadline (``killed
     == "budget"``; a run with no budget left does not start) and ``scratch`` is killed past its
-    disk bound (``"disk"``)."""
+    disk bound (``"disk"``). ``spawn(env, cwd, log)``, where given, starts the process in
+    place of ``cmd`` (a checker forked by the zygote, :mod:`.zygote`, with the job already
+    given); where it returns None, ``cmd`` starts."""
     import psutil
 
     left, disk_mb = budget_left(), _limits()["disk_mb"]
@@ -377,12 +381,16 @@ def run_untrusted(cmd: list[str], job: bytes, scratch: Path, timeout_s: float, m
     killed = None
     with open(log_path, "ab") as log:
         with _LIVE_LOCK:  # a concurrent sweep must not take it for an orphan
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=log, cwd=scratch / "work", env=env,
-                                    start_new_session=True)
+            proc = spawn(env, scratch / "work", log) if spawn is not None else None
+            if proc is None:
+                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=log, cwd=scratch / "work", env=env,
+                                        start_new_session=True)
             _LIVE.add(proc.pid)
 
         def feed():
+            if proc.stdin is None:  # the job went with the request
+                return
             try:
                 proc.stdin.write(job)
                 proc.stdin.close()
