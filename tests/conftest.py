@@ -166,8 +166,8 @@ def graded_kv_cache(tmp_path_factory, worker_id):
 
 
 # `make check` (the everyday tier) runs `-m "not slow"`: no notebook execution, no book build, no
-# real grading kernels or checkers, no process groups (tensor-parallel ranks, replicas behind the router)
-# (the modules below), and none of the tests marked `slow` where they are defined: Chromium, a
+# real grading kernels or checkers, no process groups (tensor-parallel ranks, replicas behind the
+# router) (the modules below), and none of the tests marked `slow` where they are defined: Chromium, a
 # second run of a whole lab (its same-seed reproduction, its run in fp16), a long soak, a
 # sampling statistic over thousands of draws. `make test` runs everything.
 SLOW_MODULES = {"test_book.py", "test_grading.py", "test_grading_adversarial.py",

@@ -140,9 +140,9 @@ def check_functions(assessment, seed: int, extract, stage_limit_s: float, memory
                     log_dir: Path, setup: list[str], secret: bytes | None = None,
                     nonce: str = "") -> tuple[dict, list[str]]:
     """Outcome per function criterion (``{id: {"passed", "message", ...}}``) and the flags,
-    running fresh checker processes until every criterion has one. The checker is trusted (it
-    runs no submitted code) and is not jailed; the worker it starts is. Inside a grading run
-    each checker is forked from the run's zygote (:mod:`.zygote`), else started afresh."""
+    starting checkers until every criterion has one. The checker is trusted (it runs no
+    submitted code) and is not jailed; the worker it starts is. Inside a grading run each
+    checker is forked from the run's zygote (:mod:`.zygote`), else started as a new process."""
     from .sandbox import isolation, new_scratch, run_untrusted
     from .zygote import current as current_zygote
 

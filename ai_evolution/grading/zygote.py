@@ -203,12 +203,12 @@ class Zygote:
     """The grader's handle on its zygote (see the module's docstring)."""
 
     def __init__(self):
-        from .sandbox import _base_env, new_scratch
+        from .sandbox import TOKEN_ENV, _base_env, new_scratch
 
         self._lock = threading.Lock()
         self.scratch = new_scratch()  # the zygote's own HOME, TMPDIR and matplotlib folder
-        env = _base_env(self.scratch, "zygote")
-        env.pop("AI_EVOLUTION_GRADING_RUN", None)
+        env = _base_env(self.scratch, "")
+        env.pop(TOKEN_ENV)  # each checker gets its run's token with its request
         ours, theirs = socket.socketpair()
         self.sock = ours
         try:
