@@ -1236,7 +1236,10 @@ def test_solution_untouched_and_broken_notebooks_get_the_right_rows(realistic):
 def cheap_folder(folder: Path) -> None:
     """Submissions that misbehave, built to be cheap (no lab experiment)."""
     folder.mkdir()
-    nbformat.write(code_notebook(KV_IMPORTS, KV_EXERCISE_1, "while True:\n    pass",
+    # The loop sleeps: a cell that never ends need not burn the core the suite's other worker
+    # uses for its 15 s, twice.
+    nbformat.write(code_notebook(KV_IMPORTS, KV_EXERCISE_1, "import time",
+                                 "while True:\n    time.sleep(1)",
                                  "from ai_evolution.timing import fit_growth",
                                  "print('después del bucle')"),
                    folder / "bucle.ipynb")
@@ -1310,10 +1313,11 @@ def test_misbehaving_notebooks_are_recorded_and_grading_twice_gives_the_same_fil
 def test_a_loop_that_ignores_interrupts_is_killed_with_its_kernel(tmp_path, monkeypatch):
     folder = tmp_path / "entregas"
     folder.mkdir()
-    nbformat.write(code_notebook(KV_IMPORTS, KV_EXERCISE_1, """import signal
+    nbformat.write(code_notebook(KV_IMPORTS, KV_EXERCISE_1, """import signal, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 while True:
-    pass"""), folder / "terco.ipynb")
+    time.sleep(1)  # deaf to interrupts, and idle: the suite's other worker keeps the core"""),
+                   folder / "terco.ipynb")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # scratch under tmp_path
     start = time.monotonic()
     grades = grade_folder("kv_cache", folder, out=tmp_path / "notas", timeout_s=15,
