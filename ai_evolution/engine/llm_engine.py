@@ -221,13 +221,19 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, execute, record; the outputs of the requests that got a token or an error."""
+        return self._step(report=True)
+
+    def _step(self, report: bool) -> list[RequestOutput]:
+        """``step``; without ``report`` (``run``, which returns the requests themselves) the
+        outputs are built only for the step hooks, if any: each copies its request's prompt."""
         out = self.scheduler.schedule()
         if out.is_empty:
             return self._nothing_to_run()
         start = self.now()
         result = self._execute(out)
         end = self.now()
-        outputs = [RequestOutput.of(r) for r in self.scheduler.update_from_output(out, result, start, end)]
+        updated = self.scheduler.update_from_output(out, result, start, end)
+        outputs = [RequestOutput.of(r) for r in updated] if report or self.step_hooks else []
         if self.drafter is not None:
             drafts = self.drafter.propose_drafts(self.scheduler.running)
             self.scheduler.update_draft_token_ids(drafts, self.drafter.draft_probs)
@@ -309,7 +315,7 @@ class LLMEngine:
                 added[i] = self.add_request(p, sp, arrival_time=t, **tags)
                 k += 1
             if self.has_unfinished_requests():
-                self.step()
+                self._step(report=False)
             elif k < len(pending):
                 self.executor.idle_until(pending[k][0])
         return [added[i] for i in range(len(pending))]
