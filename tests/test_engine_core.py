@@ -171,6 +171,29 @@ def test_the_engine_step_is_short_and_drafts_enter_the_scheduler_through_one_met
     assert out.scheduled[0].draft_token_ids == (11, 12) and out.scheduled[0].token_ids[-2:] == (11, 12)
 
 
+def test_a_step_without_outputs_runs_the_same_steps_and_still_feeds_the_hooks(tiny):
+    """``step(outputs=False)`` (what ``run`` and the simulator's drivers use) returns nothing and
+    changes nothing else: the same steps and tokens, and the hooks still get their outputs."""
+    runs = {}
+    for outputs in (True, False):
+        engine = build_engine(tiny, max_num_seqs=2, max_model_len=64, policy="continuous")
+        reqs = [engine.add_request(p, greedy(3)) for p in PROMPTS]
+        returned = []
+        while engine.has_unfinished_requests():
+            returned.append(len(engine.step(outputs=outputs)))
+        runs[outputs] = ([(h.step, h.scheduled) for h in engine.history],
+                         [r.output_token_ids for r in reqs], returned)
+    assert runs[True][:2] == runs[False][:2]
+    assert all(runs[True][2]) and not any(runs[False][2])
+    engine = build_engine(tiny, max_num_seqs=2, max_model_len=64, policy="continuous")
+    seen = []
+    engine.step_hooks.append(lambda record, outputs: seen.append(len(outputs)))
+    engine.add_request(PROMPTS[0], greedy(3))
+    while engine.has_unfinished_requests():
+        engine.step(outputs=False)
+    assert seen == [1, 1, 1]
+
+
 # --- hooks and retirement -----------------------------------------------------------------------------
 def test_step_hooks_see_every_record_and_the_engine_retires_when_it_runs_dry(tiny):
     engine = build_engine(tiny, max_num_seqs=2, max_model_len=64, policy="static")

@@ -103,7 +103,7 @@ class LLM:
                 entries.append(RequestOutput(f"rejected-{len(entries)}", _echo(prompt), [], True,
                                              FinishReason.REJECTED, error=str(e)))
         while self.engine.has_unfinished_requests():
-            self.engine.step()
+            self.engine.step(outputs=False)
         return [e if isinstance(e, RequestOutput) else RequestOutput.of(e, self._decode(e))
                 for e in entries]
 

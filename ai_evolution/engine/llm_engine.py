@@ -219,13 +219,11 @@ class LLMEngine:
                              "liberarla")
         return self.requests.pop(request_id)
 
-    def step(self) -> list[RequestOutput]:
-        """Schedule, execute, record; the outputs of the requests that got a token or an error."""
-        return self._step(report=True)
-
-    def _step(self, report: bool) -> list[RequestOutput]:
-        """``step``; without ``report`` (``run``, which returns the requests themselves) the
-        outputs are built only for the step hooks, if any: each copies its request's prompt."""
+    def step(self, outputs: bool = True) -> list[RequestOutput]:
+        """Schedule, execute, record; the outputs of the requests that got a token or an error.
+        ``outputs=False`` builds them only for the step hooks, if any, and returns an empty list
+        otherwise: for a driver that reads the requests themselves, as ``run`` does (each output
+        copies its request's prompt, a share of a simulated step's cost)."""
         out = self.scheduler.schedule()
         if out.is_empty:
             return self._nothing_to_run()
@@ -233,14 +231,14 @@ class LLMEngine:
         result = self._execute(out)
         end = self.now()
         updated = self.scheduler.update_from_output(out, result, start, end)
-        outputs = [RequestOutput.of(r) for r in updated] if report or self.step_hooks else []
+        reported = [RequestOutput.of(r) for r in updated] if outputs or self.step_hooks else []
         if self.drafter is not None:
             drafts = self.drafter.propose_drafts(self.scheduler.running)
             self.scheduler.update_draft_token_ids(drafts, self.drafter.draft_probs)
-        self._record(StepRecord.of(out, start, end), outputs)
+        self._record(StepRecord.of(out, start, end), reported)
         if not self.scheduler.has_unfinished_requests():
             self.retire_finished()
-        return outputs
+        return reported
 
     def _nothing_to_run(self) -> list[RequestOutput]:
         if self.scheduler.has_unfinished_requests():
@@ -315,7 +313,7 @@ class LLMEngine:
                 added[i] = self.add_request(p, sp, arrival_time=t, **tags)
                 k += 1
             if self.has_unfinished_requests():
-                self._step(report=False)
+                self.step(outputs=False)
             elif k < len(pending):
                 self.executor.idle_until(pending[k][0])
         return [added[i] for i in range(len(pending))]

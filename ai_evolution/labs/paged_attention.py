@@ -46,7 +46,7 @@ def serve_tracked(engine: LLMEngine, items: list[WorkItem]) -> dict:
         engine.add_request(it.prompt_token_ids, it.params, arrival_time=it.arrival_time)
     util, batch, reserved, start = [], [], [], time.perf_counter()
     while engine.has_unfinished_requests():
-        engine.step()
+        engine.step(outputs=False)
         u = engine.kv_usage()
         util.append(u["utilization"])
         reserved.append(u["reserved_token_slots"])

@@ -47,12 +47,12 @@ def long_prompt_arrival(engine: LLMEngine, vocab_size: int, decoders: int, decod
     decs = [engine.add_request(rng.integers(3, vocab_size, decoder_prompt).tolist(), sp)
             for _ in range(decoders)]
     for _ in range(warmup_steps):
-        engine.step()
+        engine.step(outputs=False)
     first_step = len(engine.history)
     long = engine.add_request(rng.integers(3, vocab_size, long_prompt).tolist(),
                               SamplingParams(max_tokens=4, ignore_eos=True))
     while engine.has_unfinished_requests():
-        engine.step()
+        engine.step(outputs=False)
     ttft_steps = next(i for i, h in enumerate(engine.history[first_step:], 1)
                       if any(e.request_id == long.request_id and e.context_len == long.num_prompt_tokens
                              for e in h.scheduled))

@@ -286,7 +286,7 @@ def closed_loop(engine, clients: int, total_requests: int,
         if not engine.has_unfinished_requests():
             raise RuntimeError("el motor no tiene peticiones pendientes pero quedan "
                                f"{len(in_flight)} en vuelo sin terminar")
-        engine.step()
+        engine.step(outputs=False)
         done = sorted(c for c, r in in_flight.items() if r.is_finished)
         finish = {c: in_flight.pop(c).finish_time for c in done}
         send_all(done, lambda c: finish[c])
