@@ -33,6 +33,30 @@ def test_plain_values_round_trip_with_their_types():
     assert list(back[-1]) == [3, 1]
 
 
+def test_a_flat_list_crosses_whole_and_keeps_the_checks_of_its_items():
+    """A list of plain scalars skips the item-by-item walk (a check's callbacks carry samples
+    thousands of times), with the same result: a copy, exact types, depth and subclass checks."""
+    flat = [0.25, 3, None, True, "x", -2**70, float("nan")]
+    encoded = Encoder().encode(flat)
+    assert encoded is not flat and encoded[:6] == flat[:6]
+    back = roundtrip(flat)
+    assert back[:6] == flat[:6] and [type(x) for x in back] == [type(x) for x in flat]
+    wire = [1.0, 2.0]
+    decoded = Decoder().decode(wire)
+    assert decoded == wire and decoded is not wire
+    with pytest.raises(CodecError, match="no puede cruzar"):
+        Encoder().encode([1.0, MyInt(3), 2.0])  # one item of a subclass: refused as before
+    with pytest.raises(CodecError):
+        Decoder().decode([1.0, {"$pickle": "gASV"}])
+    deep: list = [1.0, 2.0]
+    for _ in range(codec.MAX_DEPTH):
+        deep = [deep]
+    with pytest.raises(CodecError, match="anidado"):  # the flat list at the bottom is too deep
+        Encoder().encode(deep)
+    with pytest.raises(CodecError, match="anidado"):
+        Decoder().decode(json.loads(json.dumps(deep)))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8,
                                    torch.int64, torch.bool, torch.uint8])
 def test_tensors_cross_as_dtype_shape_and_bytes(dtype):

@@ -53,6 +53,14 @@ ALLOWED_ENUMS = frozenset({
     "ai_evolution.engine.request:FinishReason",
 })
 _SCALARS = (type(None), bool, int, float, str)
+_SCALAR_TYPES = frozenset(_SCALARS)
+
+
+def _flat(items: list) -> bool:
+    """Every item is a plain scalar (exact type): the list crosses as it is. Most data does (a
+    sample, a list of token ids), and a callback to a reference can carry one thousands of times
+    in a check, so this is tested in C, not item by item."""
+    return set(map(type, items)) <= _SCALAR_TYPES
 
 
 class CodecError(ValueError):
@@ -115,6 +123,8 @@ class Encoder:
         if id(obj) in self.ids:
             return {"$ref": self.ids[id(obj)]}
         if t is list:
+            if depth < MAX_DEPTH and _flat(obj):
+                return list(obj)
             return [self.encode(x, depth + 1) for x in obj]
         if t is tuple:
             return {"$tuple": [self.encode(x, depth + 1) for x in obj]}
@@ -182,6 +192,8 @@ class Decoder:
         if t in _SCALARS:
             return data
         if t is list:
+            if depth < MAX_DEPTH and _flat(data):
+                return list(data)
             return [self.decode(x, depth + 1) for x in data]
         if t is not dict or len(data) == 0:
             raise CodecError(f"valor mal codificado ({t.__name__})")
