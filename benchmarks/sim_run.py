@@ -6,10 +6,9 @@ CPU seconds of the datacenter simulation of chapter 3 (its ``ci`` workload, wide
 ``step()`` returns a ``RequestOutput`` per request that got a token, and each copies its request's
 prompt; ``run`` returns the requests themselves and steps with ``step(outputs=False)``, which
 builds outputs only for the step hooks. A simulated step costs microseconds, so that copy is a
-share of a simulation's time. Each pair runs
-both ways on fresh engines, in an order that alternates from pair to pair, and checks that both
-gave the same step history; prints each run's CPU seconds (``time.process_time``) and the ratio
-(step loop / run) of each pair.
+share of a simulation's time. Each pair runs both ways on fresh engines, in an order that
+alternates from pair to pair, and checks that both gave the same step history; prints each run's
+CPU seconds (``time.process_time``) and the ratio (step loop / run) of each pair.
 """
 
 from __future__ import annotations
