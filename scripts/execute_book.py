@@ -14,6 +14,10 @@ calibration (:func:`calibrate`: a fixed workload's CPU seconds against the refer
 wall time on a shared machine depends on what else runs, CPU time much less, and CPU time on a
 slow core grows for the lab and the calibration alike.
 
+Under `make test` (``AI_EVOLUTION_CPU_SLOTS`` set by tests/conftest.py) each page, and the
+calibration, first takes a core from the suite's pool (`scripts/cpu_slots.py`), ahead of the
+other worker's next test: two pages run at once only while nothing else holds a core.
+
     python scripts/execute_book.py [--path-output OUT] [--jobs 2]
     python scripts/execute_book.py --calibrate 5     # the calibration workload alone
 """
@@ -30,6 +34,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_slots import hold_from_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMES_FILE = "execution_times.json"
@@ -115,11 +122,12 @@ def _execute(path: str, nb_json: str, timeout: int) -> tuple[str, str, dict, str
     from jupyter_cache.executors.utils import single_nb_execution
 
     nb = nbformat.reads(nb_json, as_version=4)
-    cpu, began = _children_cpu_s(), time.monotonic()
-    result = single_nb_execution(nb, cwd=str(Path(path).parent), timeout=timeout,
-                                 allow_errors=False, meta_override=True)
-    times = {"seconds": result.time, "cpu_seconds": _children_cpu_s() - cpu,
-             "began": began, "ended": time.monotonic()}
+    with hold_from_env(priority=True):  # in `make test`: a core of its own (scripts/cpu_slots.py)
+        cpu, began = _children_cpu_s(), time.monotonic()
+        result = single_nb_execution(nb, cwd=str(Path(path).parent), timeout=timeout,
+                                     allow_errors=False, meta_override=True)
+        times = {"seconds": result.time, "cpu_seconds": _children_cpu_s() - cpu,
+                 "began": began, "ended": time.monotonic()}
     return path, nbformat.writes(result.nb), times, result.exc_string
 
 
@@ -238,9 +246,10 @@ def calibrate(repeats: int = 5) -> dict:
     import subprocess
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--calibrate",
-                           str(repeats)], env=env, capture_output=True, text=True, timeout=600,
-                          check=True)
+    with hold_from_env(priority=True):
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--calibrate",
+                               str(repeats)], env=env, capture_output=True, text=True,
+                              timeout=600, check=True)
     seconds = json.loads(done.stdout.strip().splitlines()[-1])
     best = round(min(seconds), 3)
     return {"cpu_s": best, "samples": [round(s, 3) for s in seconds],

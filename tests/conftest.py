@@ -1,5 +1,6 @@
 """Fixtures shared by the tests: small models, one thread, and the book built once per session."""
 
+import contextlib
 import fcntl
 import json
 import os
@@ -14,6 +15,10 @@ import pytest
 import torch
 
 from ai_evolution.model.checkpoint import load_pretrained, random_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from cpu_slots import ENV as CPU_SLOTS_ENV  # noqa: E402
+from cpu_slots import CpuSlots  # noqa: E402
 
 # `make test` runs two xdist workers on a 2-core machine: one torch thread per process (each
 # worker, and the book build, kernels and graders it starts, which inherit the variable).
@@ -65,29 +70,86 @@ def _jupyter_book() -> str:
     return found
 
 
-def once_per_run(tmp_path_factory, worker_id: str, name: str, produce):
+# CPU slots (scripts/cpu_slots.py): with xdist, each test holds one of the run's
+# ``os.cpu_count()`` slots for its setup, call and teardown, so that the two workers and what
+# they start (the book's pages, two grading jobs) never put more CPU-bound processes than cores
+# on the machine. ``_SLOT`` is this worker's pool and the token of the slots its test holds.
+_SLOT: dict = {"slots": None, "token": None}
+
+
+def _worker_slots(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    if _SLOT["slots"] is None:
+        run = config._tmp_path_factory.getbasetemp().parent  # common to the run's workers
+        _SLOT["slots"] = CpuSlots(run / "cpu-slots")
+    return _SLOT["slots"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    slots = _worker_slots(item.config)
+    if slots is None:
+        yield
+        return
+    _SLOT["token"] = slots.acquire(1)
+    try:
+        yield
+    finally:
+        if _SLOT["token"] is not None:
+            slots.release(_SLOT["token"])
+        _SLOT["token"] = None
+
+
+@contextlib.contextmanager
+def holding(cpus: int):
+    """Within a test: hold ``cpus`` slots instead of the test's one (0 while it only waits, or
+    while what it starts takes its own, as the book's pages do; 2 while it runs two CPU-bound
+    processes at once), then the one again."""
+    slots = _SLOT["slots"]
+    if slots is None or _SLOT["token"] is None:
+        yield
+        return
+    slots.release(_SLOT["token"])
+    _SLOT["token"] = None
+    token = slots.acquire(cpus) if cpus > 0 else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            slots.release(token)
+        _SLOT["token"] = slots.acquire(1)
+
+
+def once_per_run(tmp_path_factory, worker_id: str, name: str, produce, cpus: int = 1):
     """A session fixture's value computed once per pytest run, also with several xdist workers:
     the first worker that needs it runs ``produce(folder)`` under a file lock and pickles the
     result beside the workers' temporary folders; a worker that needs it later waits for the lock
-    and loads it. Without xdist (``worker_id == "master"``) it is simply computed."""
+    and loads it, holding no CPU slot while it waits. ``produce`` runs holding ``cpus`` slots
+    (:func:`holding`). Without xdist (``worker_id == "master"``) it is simply computed."""
     if worker_id == "master":
         return produce(tmp_path_factory.mktemp(name))
     shared = tmp_path_factory.getbasetemp().parent  # one folder per run, common to its workers
     done = shared / f"{name}.pickle"
     with open(shared / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        with holding(0):
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if done.is_file():
             return pickle.loads(done.read_bytes())
-        value = produce(tmp_path_factory.mktemp(name))
+        with holding(cpus):
+            value = produce(tmp_path_factory.mktemp(name))
         done.write_bytes(pickle.dumps(value))
         return value
 
 
 def build_book(out: Path) -> dict:
     """`make book` into ``out``: the notebook pages executed two at a time into the build's
-    execution cache (`scripts/execute_book.py`), then `jupyter-book build`, which finds them
+    execution cache (`scripts/execute_book.py`; under xdist each page first takes a CPU slot, so
+    two run at once only while no test holds a core), then `jupyter-book build`, which finds them
     cached. Each page executes once. The wall times go to ``out/_build/execution_times.json``."""
     env = dict(os.environ, AI_EVOLUTION_PROFILE="ci")
+    if _SLOT["slots"] is not None:  # the pages take the run's CPU slots, ahead of the tests
+        env[CPU_SLOTS_ENV] = str(_SLOT["slots"].folder)
     start = time.perf_counter()
     execute = subprocess.run([sys.executable, str(ROOT / "scripts" / "execute_book.py"),
                               "--path-output", str(out), "--jobs", "2"],
@@ -95,7 +157,10 @@ def build_book(out: Path) -> dict:
     executed_s = time.perf_counter() - start
     cmd = [_jupyter_book(), "build", "--all", "-W", "-n", "--keep-going", "--path-output", str(out),
            str(ROOT)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    slots = _SLOT["slots"]
+    with slots.hold(priority=True) if slots is not None else contextlib.nullcontext():
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=3600)
     times = out / "_build" / "execution_times.json"
     report = json.loads(times.read_text(encoding="utf-8")) if times.is_file() else {}
     report.update(execute_s=round(executed_s, 1), build_s=round(time.perf_counter() - start, 1))
@@ -115,7 +180,7 @@ def built_book(tmp_path_factory, worker_id):
     with the committed outputs without running them again (tests/nbval_replay.py), and lab 2's
     grading run compares the grader's execution with them. Returns the output folder and the
     build's exit code and log."""
-    return once_per_run(tmp_path_factory, worker_id, "book", build_book)
+    return once_per_run(tmp_path_factory, worker_id, "book", build_book, cpus=0)
 
 
 def build_lab_page(out: Path, edition: str, lab: str = "02-kv-cache") -> Path:
@@ -159,10 +224,11 @@ def _grade_attacks(base: Path) -> dict:
 @pytest.fixture(scope="session")
 def graded_kv_cache(tmp_path_factory, worker_id):
     """Lab 2's real solution, its untouched student copy, a broken solution and every attack of
-    tests/test_grading_adversarial.py, graded in one CLI run, once per run. The solution's
+    tests/test_grading_adversarial.py, graded in one CLI run (two jobs: it holds two CPU
+    slots), once per run. The solution's
     execution here is lab 2's second in the suite: its checked outputs are compared with the
     book's execution in place of an nbval run (tests/test_notebooks.py)."""
-    return once_per_run(tmp_path_factory, worker_id, "ataques", _grade_attacks)
+    return once_per_run(tmp_path_factory, worker_id, "ataques", _grade_attacks, cpus=2)
 
 
 # `make check` (the everyday tier) runs `-m "not slow"`: no notebook execution, no book build, no

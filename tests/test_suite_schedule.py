@@ -1,9 +1,20 @@
-"""The suite's closing lines about its own schedule (tests/conftest.py): busy seconds and the
-last report per worker, and the costliest modules."""
+"""The suite's own schedule (tests/conftest.py): the closing lines (busy seconds and the last
+report per worker, and the costliest modules) and the CPU slots its processes share
+(scripts/cpu_slots.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cpu_slots
 from conftest import schedule_lines
+from cpu_slots import CpuSlots
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def test_schedule_lines_add_up_each_worker_and_rank_the_modules():
@@ -16,3 +27,82 @@ def test_schedule_lines_add_up_each_worker_and_rank_the_modules():
     assert lines[2].split() == ["500.0", "s", "tests/test_book.py", "(gw0)"]
     assert lines[3].split() == ["100.5", "s", "tests/test_grading.py", "(gw1)"]
     assert len(lines) == 4 and schedule_lines([]) == []
+
+
+# --- CPU slots (scripts/cpu_slots.py) ------------------------------------------------------------
+
+def _waiter(slots, n=1, priority=False, order=None, name=""):
+    """A thread that acquires ``n`` slots and records when it got them; returns (thread, state)."""
+    state = {"token": None, "got": threading.Event()}
+
+    def run():
+        state["token"] = slots.acquire(n, priority)
+        if order is not None:
+            order.append(name)
+        state["got"].set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, state
+
+
+def test_slots_never_exceed_the_capacity_and_a_release_lets_the_next_in(tmp_path):
+    slots = CpuSlots(tmp_path, capacity=2)
+    a, b = slots.acquire(), slots.acquire()
+    assert slots.held() == 2
+    _, third = _waiter(slots)
+    assert not third["got"].wait(0.3)  # both slots are taken
+    slots.release(a)
+    assert third["got"].wait(5)
+    assert slots.held() == 2
+    slots.release(b), slots.release(third["token"])
+    assert slots.held() == 0
+
+
+def test_a_priority_request_goes_first_and_a_two_slot_request_is_not_overtaken(tmp_path):
+    slots = CpuSlots(tmp_path, capacity=2)
+    first, second = slots.acquire(), slots.acquire()
+    order: list[str] = []
+    _, low = _waiter(slots, order=order, name="test")
+    time.sleep(0.1)
+    _, high = _waiter(slots, priority=True, order=order, name="page")
+    time.sleep(0.1)
+    slots.release(first)
+    assert high["got"].wait(5) and not low["got"].wait(0.3)
+    assert order == ["page"]  # the later page went before the waiting test
+    # A request for two is served before a later request for one, even with one slot free.
+    slots.release(high["token"])
+    assert low["got"].wait(5)
+    _, pair = _waiter(slots, n=2, order=order, name="pair")
+    time.sleep(0.1)
+    _, single = _waiter(slots, order=order, name="single")
+    slots.release(second)  # one slot free: the pair still waits, and so does the single
+    assert not pair["got"].wait(0.3) and not single["got"].is_set()
+    slots.release(low["token"])
+    assert pair["got"].wait(5) and not single["got"].wait(0.3)
+    slots.release(pair["token"])
+    assert single["got"].wait(5)
+    assert order == ["page", "test", "pair", "single"]
+    slots.release(single["token"])
+
+
+def test_slots_of_a_process_that_died_are_given_back(tmp_path):
+    code = ("import sys, os; sys.path.insert(0, sys.argv[1]); from cpu_slots import CpuSlots; "
+            "CpuSlots(sys.argv[2], capacity=1).acquire(); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code, str(SCRIPTS), str(tmp_path)], check=True,
+                   timeout=60)
+    slots = CpuSlots(tmp_path, capacity=1)
+    with slots.hold():  # would wait forever if the dead process still held the only slot
+        assert slots.held() == 1
+    assert slots.held() == 0
+
+
+def test_without_the_environment_variable_nothing_waits(tmp_path, monkeypatch):
+    monkeypatch.delenv(cpu_slots.ENV, raising=False)
+    assert cpu_slots.from_env() is None
+    with cpu_slots.hold_from_env():
+        pass
+    monkeypatch.setenv(cpu_slots.ENV, str(tmp_path / "pool"))
+    with cpu_slots.hold_from_env(priority=True):
+        assert cpu_slots.from_env().held() == 1
+    assert cpu_slots.from_env().held() == 0
