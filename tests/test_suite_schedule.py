@@ -4,11 +4,15 @@ report per worker, and the costliest modules) and the CPU slots its processes sh
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 import cpu_slots
 from conftest import schedule_lines
@@ -106,3 +110,19 @@ def test_without_the_environment_variable_nothing_waits(tmp_path, monkeypatch):
     with cpu_slots.hold_from_env(priority=True):
         assert cpu_slots.from_env().held() == 1
     assert cpu_slots.from_env().held() == 0
+
+
+def test_under_xdist_each_test_holds_one_slot_and_holding_swaps_it(request):
+    import conftest
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("the slots are taken only by xdist workers (make test, make check)")
+    slots, token = conftest._SLOT["slots"], conftest._SLOT["token"]
+    assert slots is not None and token is not None
+    state = json.loads((slots.folder / "slots.json").read_text(encoding="utf-8"))
+    assert state["held"][token] == [os.getpid(), 1]
+    with conftest.holding(0):  # e.g. waiting for the book another worker builds
+        assert conftest._SLOT["token"] is None
+        state = json.loads((slots.folder / "slots.json").read_text(encoding="utf-8"))
+        assert token not in state["held"]
+    assert conftest._SLOT["token"] is not None  # the test's slot again
