@@ -35,8 +35,7 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_slots import hold_from_env  # noqa: E402
+from cpu_slots import hold_from_env  # beside this script (sys.path[0] when run as one)
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMES_FILE = "execution_times.json"
