@@ -5,6 +5,7 @@ import fcntl
 import json
 import os
 import pickle
+import resource
 import shutil
 import subprocess
 import sys
@@ -86,8 +87,29 @@ def _worker_slots(config):
     return _SLOT["slots"]
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the children it has reaped (and theirs)."""
+    mine, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                           resource.RUSAGE_CHILDREN))
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report carries its CPU seconds (``cpu_s`` in ``user_properties``): this
+    process's and its reaped children's, so that the closing lines tell a test that computes from
+    one that waits (see :func:`schedule_lines`)."""
+    outcome = yield
+    now = _cpu_s()
+    report = outcome.get_result()
+    start = getattr(item, "_cpu_mark", now)
+    report.user_properties = [*report.user_properties, ("cpu_s", round(now - start, 3))]
+    item._cpu_mark = now
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    item._cpu_mark = _cpu_s()
     slots = _worker_slots(item.config)
     if slots is None:
         yield
@@ -312,10 +334,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 # Where the two workers spent the run: each test report that reaches the controller (xdist)
-# with the worker that ran it, its module and its seconds (setup + call + teardown), and when
-# it arrived. The closing lines then say how busy each worker was and which modules cost most,
-# so that the suite's schedule can be balanced from a measured run (see FIRST_MODULES).
-_REPORTS: list[tuple[str, str, float, float]] = []
+# with the worker that ran it, its module, its seconds (setup + call + teardown), when it arrived
+# and its CPU seconds (the worker's and its reaped children's). The closing lines then say how busy
+# each worker was and which modules cost most, in wall and CPU seconds (a module whose CPU is far
+# below its wall time mostly waits), so that the suite's schedule can be balanced from a measured
+# run (see FIRST_MODULES).
+_REPORTS: list[tuple[str, str, float, float, float]] = []
 _START = time.monotonic()
 
 
@@ -323,23 +347,28 @@ def pytest_runtest_logreport(report):
     node = getattr(report, "node", None)  # set by xdist on the controller only
     if node is not None:
         worker = getattr(getattr(node, "gateway", None), "id", "?")
+        cpu = dict(report.user_properties).get("cpu_s", 0.0)
         _REPORTS.append((worker, report.nodeid.split("::")[0], float(report.duration),
-                         time.monotonic() - _START))
+                         time.monotonic() - _START, float(cpu)))
 
 
-def schedule_lines(reports: list[tuple[str, str, float, float]], top: int = 8) -> list[str]:
-    """Per worker: seconds inside its tests and when its last report arrived (seconds from the
-    session's start); then the ``top`` modules by seconds, with their worker."""
+def schedule_lines(reports: list[tuple[str, str, float, float, float]], top: int = 8) -> list[str]:
+    """Per worker: seconds inside its tests, their CPU seconds and when its last report arrived
+    (seconds from the session's start); then the ``top`` modules by seconds, with their CPU
+    seconds and their worker."""
     lines = []
     for worker in sorted({r[0] for r in reports}):
         mine = [r for r in reports if r[0] == worker]
-        lines.append(f"worker {worker}: {sum(r[2] for r in mine):.0f} s in {len(mine)} test phases, "
+        lines.append(f"worker {worker}: {sum(r[2] for r in mine):.0f} s "
+                     f"({sum(r[4] for r in mine):.0f} s CPU) in {len(mine)} test phases, "
                      f"last at {max(r[3] for r in mine):.0f} s")
-    modules: dict[tuple[str, str], float] = {}
-    for worker, module, seconds, _ in reports:
-        modules[(module, worker)] = modules.get((module, worker), 0.0) + seconds
-    for (module, worker), seconds in sorted(modules.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"  {seconds:7.1f} s  {module} ({worker})")
+    modules: dict[tuple[str, str], list[float]] = {}
+    for worker, module, seconds, _, cpu in reports:
+        total = modules.setdefault((module, worker), [0.0, 0.0])
+        total[0] += seconds
+        total[1] += cpu
+    for (module, worker), (seconds, cpu) in sorted(modules.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"  {seconds:7.1f} s ({cpu:6.1f} s CPU)  {module} ({worker})")
     return lines
 
 

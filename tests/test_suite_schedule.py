@@ -4,6 +4,7 @@ report per worker, and the costliest modules) and the CPU slots its processes sh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,15 +24,42 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def test_schedule_lines_add_up_each_worker_and_rank_the_modules():
-    reports = [("gw0", "tests/test_book.py", 500.0, 520.0), ("gw0", "tests/test_a.py", 2.0, 530.0),
-               ("gw1", "tests/test_grading.py", 60.0, 300.0),
-               ("gw1", "tests/test_grading.py", 40.5, 340.0)]
+    reports = [("gw0", "tests/test_book.py", 500.0, 520.0, 30.0),
+               ("gw0", "tests/test_a.py", 2.0, 530.0, 1.5),
+               ("gw1", "tests/test_grading.py", 60.0, 300.0, 12.0),
+               ("gw1", "tests/test_grading.py", 40.5, 340.0, 8.25)]
     lines = schedule_lines(reports, top=2)
-    assert lines[0] == "worker gw0: 502 s in 2 test phases, last at 530 s"
-    assert lines[1] == "worker gw1: 100 s in 2 test phases, last at 340 s"
-    assert lines[2].split() == ["500.0", "s", "tests/test_book.py", "(gw0)"]
-    assert lines[3].split() == ["100.5", "s", "tests/test_grading.py", "(gw1)"]
+    assert lines[0] == "worker gw0: 502 s (32 s CPU) in 2 test phases, last at 530 s"
+    assert lines[1] == "worker gw1: 100 s (20 s CPU) in 2 test phases, last at 340 s"
+    assert lines[2].split() == ["500.0", "s", "(", "30.0", "s", "CPU)", "tests/test_book.py", "(gw0)"]
+    assert lines[3].split() == ["100.5", "s", "(", "20.2", "s", "CPU)", "tests/test_grading.py",
+                                "(gw1)"]
     assert len(lines) == 4 and schedule_lines([]) == []
+
+
+def _phase_cpu(phase) -> float:
+    """The ``cpu_s`` that conftest's makereport hook writes into the report of a phase that runs
+    ``phase()``, driving the hook wrapper the way pluggy does."""
+    import conftest
+
+    item = SimpleNamespace(_cpu_mark=conftest._cpu_s())
+    phase()
+    report = SimpleNamespace(user_properties=[("otra", 1)])
+    wrapper = conftest.pytest_runtest_makereport(item, None)
+    next(wrapper)
+    with contextlib.suppress(StopIteration):
+        wrapper.send(SimpleNamespace(get_result=lambda: report))
+    assert report.user_properties[0] == ("otra", 1)
+    return dict(report.user_properties)["cpu_s"]
+
+
+def test_each_phase_report_carries_the_cpu_seconds_it_spent():
+    """A phase's CPU seconds, in the worker and in the children it reaped, reach its report: a
+    phase that computes shows them, one that sleeps almost none."""
+    spin = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass"
+    assert _phase_cpu(lambda: exec(spin, {})) >= 0.35
+    assert _phase_cpu(lambda: subprocess.run([sys.executable, "-c", spin], check=True)) >= 0.35
+    assert _phase_cpu(lambda: time.sleep(0.4)) < 0.1
 
 
 # --- CPU slots (scripts/cpu_slots.py) ------------------------------------------------------------
