@@ -401,4 +401,5 @@ def pytest_terminal_summary(terminalreporter, config):
               f"{calibration.get('reference_cpu_s', '?')} s ({calibration.get('reference', '?')}): "
               f"`ci` budgets × {calibration.get('factor', '?')}")
         for page, item in sorted(report.get("pages", {}).items(), key=lambda kv: -kv[1]["seconds"]):
-            write(f"  {item['seconds']:7.1f} s ({item.get('cpu_seconds', 0):6.1f} s CPU)  {page}")
+            write(f"  {item['seconds']:7.1f} s ({item.get('cpu_seconds', 0):6.1f} s CPU, "
+                  f"the rest of the machine {item.get('others_cpu_seconds', 0):5.1f} s)  {page}")
