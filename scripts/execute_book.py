@@ -8,9 +8,9 @@ exactly once per build. A page that fails is not cached; the script says which a
 build would re-execute it and fail with myst-nb's message).
 
 It writes ``<out>/_build/execution_times.json``: the wall time and the kernel's CPU time of every
-page it executed, the CPU seconds the rest of the machine spent meanwhile, for how long another
-page ran beside it, the lab kind of each lab page, the total wall time and this machine's
-calibration (:func:`calibrate`: a fixed workload's CPU seconds against the reference machine's).
+page it executed, the CPU seconds the rest of the machine spent meanwhile, the lab kind of each
+lab page, the total wall time and this machine's calibration (:func:`calibrate`: a fixed
+workload's CPU seconds against the reference machine's).
 `tests/test_book.py` holds each lab's CPU time to its ``ci`` budget scaled by that calibration:
 wall time on a shared machine depends on what else runs, CPU time much less, and CPU time on a
 slow core grows for the lab and the calibration alike.
@@ -125,38 +125,20 @@ def _execute(path: str, nb_json: str, timeout: int) -> tuple[str, str, dict, str
     """Worker: execute one notebook in its own folder; returns it as JSON, its times and its
     error, if any. Times: wall seconds, the CPU time of its kernel (a child of this process,
     reaped when the execution ends: its CPU seconds do not grow when another kernel shares the
-    cores, its wall time does), the CPU seconds the rest of the machine spent meanwhile (another
-    page, the suite's tests, this executor), and its start and end on the system's monotonic
-    clock (common to the workers), from which the report tells which pages ran beside another."""
+    cores, its wall time does) and the CPU seconds the rest of the machine spent meanwhile
+    (another page, the suite's tests, this executor)."""
     import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
 
     nb = nbformat.reads(nb_json, as_version=4)
     with hold_from_env(priority=True):  # in `make test`: a core of its own (scripts/cpu_slots.py)
-        cpu, busy, began = _children_cpu_s(), _machine_busy_s(), time.monotonic()
+        cpu, busy = _children_cpu_s(), _machine_busy_s()
         result = single_nb_execution(nb, cwd=str(Path(path).parent), timeout=timeout,
                                      allow_errors=False, meta_override=True)
         kernel = _children_cpu_s() - cpu
         times = {"seconds": result.time, "cpu_seconds": kernel,
-                 "others_cpu_seconds": max(0.0, _machine_busy_s() - busy - kernel),
-                 "began": began, "ended": time.monotonic()}
+                 "others_cpu_seconds": max(0.0, _machine_busy_s() - busy - kernel)}
     return path, nbformat.writes(result.nb), times, result.exc_string
-
-
-def shared_seconds(pages: dict) -> dict[str, float]:
-    """For each page, the seconds of its execution during which another page was executing too
-    (the union of the overlaps with the others, from their ``began``/``ended`` times)."""
-    out = {}
-    for name, page in pages.items():
-        spans = sorted((max(page["began"], o["began"]), min(page["ended"], o["ended"]))
-                       for other, o in pages.items() if other != name)
-        covered, reach = 0.0, page["began"]
-        for lo, hi in spans:
-            lo = max(lo, reach)
-            if hi > lo:
-                covered, reach = covered + hi - lo, hi
-        out[name] = covered
-    return out
 
 
 def execute_book(out: Path, jobs: int = 2, root: Path = ROOT, timeout: int = 600,
@@ -206,12 +188,9 @@ def execute_book(out: Path, jobs: int = 2, root: Path = ROOT, timeout: int = 600
                               data={"execution_seconds": seconds, "cpu_seconds": cpu_s}),
                 check_validity=False, overwrite=True)
             log(f"ejecutado {rel}: {seconds:.1f} s ({cpu_s:.1f} s de CPU)")
-    for rel, shared in shared_seconds(pages).items():
-        page = pages[rel]
-        page["shared_seconds"] = round(shared, 2)
+    for page in pages.values():
         for key in ("seconds", "cpu_seconds", "others_cpu_seconds"):
             page[key] = round(page[key], 2)
-        del page["began"], page["ended"]
     report = {"jobs": jobs, "wall_s": round(time.perf_counter() - start, 2), "pages": pages,
               "failed": sorted(failed), "cpu": cpu_model(),
               "calibration": calibration}

@@ -90,16 +90,6 @@ def test_the_busy_machine_checks_find_a_flipped_verdict_and_a_wrong_volatility()
     assert any("volatile=False" in p for p in busy_claim_problems({"evidence": [steady]}))
 
 
-def test_shared_seconds_counts_the_time_another_page_ran_beside_each_page():
-    import sys
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from execute_book import shared_seconds
-
-    pages = {"a": {"began": 0.0, "ended": 10.0}, "b": {"began": 2.0, "ended": 5.0},
-             "c": {"began": 4.0, "ended": 12.0}, "d": {"began": 20.0, "ended": 21.0}}
-    assert shared_seconds(pages) == {"a": 8.0, "b": 3.0, "c": 6.0, "d": 0.0}
-
-
 def test_the_busy_machine_checks_find_a_verdict_that_does_not_read_as_prose():
     bad = claims.compare([2.0, 2.1, 2.2, 2.0, 2.1], [1.0, 1.1, 1.0, 1.0, 1.05],
                          what="tokens/s con 1 hilo(s)", higher="gana `sdpa`", lower="pierde")
